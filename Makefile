@@ -1,0 +1,39 @@
+# RollArt: one set-up command, one test command, one command that runs the main job.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PROTOS := $(wildcard protos/rollart/v1/*.proto)
+
+.PHONY: setup protos test test-fast lint bench up down clean
+
+## setup: system packages (apt), .venv with libs + every service + dev tools, Node.js interop client deps.
+setup:
+	bash scripts/setup.sh
+
+## protos: regenerate the committed Python stubs in libs/rollart/v1 from protos/.
+protos:
+	$(PY) -m grpc_tools.protoc -I protos --python_out=libs --pyi_out=libs --grpc_python_out=libs $(PROTOS)
+	@touch libs/rollart/v1/__init__.py
+
+## test: lint, then the whole suite (unit, integration with real processes, e2e, faults).
+test: lint
+	$(VENV)/bin/pytest -q
+
+## test-fast: skip tests marked slow.
+test-fast:
+	$(VENV)/bin/pytest -q -m "not slow"
+
+lint:
+	$(VENV)/bin/ruff check .
+
+bench:
+	$(PY) -m bench
+
+up:
+	$(VENV)/bin/rollart up
+
+down:
+	$(VENV)/bin/rollart down
+
+clean:
+	rm -rf .rollart build *.egg-info

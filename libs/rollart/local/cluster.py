@@ -1,0 +1,171 @@
+"""A local RollArt cluster as processes: a private redis-server, then the services, with a state file.
+
+The state file (``<state dir>/state.json``) records every process's pid, address and log, so ``rollart status``
+and ``rollart down`` work from any shell. The job token is generated once per state dir (mode 0600).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .processes import ManagedProcess, ProcessError, pid_alive, start_redis, stop_pid
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    script: str
+    # Redis database number for services that keep state in Redis, else None.
+    redis_db: int | None = None
+    # Extra environment for the service, given the running cluster's state.
+    extra_env: Callable[[dict], dict[str, str]] | None = None
+
+
+# Start order: discovery first, then the ledger (everyone settles with it), then the rest.
+SERVICES: list[ServiceSpec] = [
+    ServiceSpec("resource-manager", "rollart-resource-manager", redis_db=0),
+    ServiceSpec("ledger", "rollart-ledger", redis_db=1),
+    ServiceSpec("relay", "rollart-relay"),
+    ServiceSpec("reward", "rollart-reward"),
+    ServiceSpec("actor", "rollart-actor"),
+    ServiceSpec("llmproxy", "rollart-llmproxy"),
+    ServiceSpec("envmanager", "rollart-envmanager"),
+    ServiceSpec("trainer", "rollart-trainer"),
+]
+SERVICE_NAMES = [s.name for s in SERVICES]
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("ROLLART_STATE_DIR", ".rollart")).resolve()
+
+
+def find_script(script: str) -> str | None:
+    """The console script next to this interpreter first (the project's .venv), then PATH."""
+    local = Path(sys.executable).parent / script
+    if local.exists():
+        return str(local)
+    return shutil.which(script)
+
+
+def job_token(state_dir: Path) -> tuple[str, Path]:
+    path = state_dir / "job-token"
+    if not path.exists():
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(32))
+    return path.read_text().strip(), path
+
+
+def read_state(state_dir: Path) -> dict:
+    path = state_dir / "state.json"
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())
+
+
+def write_state(state_dir: Path, state: dict) -> None:
+    path = state_dir / "state.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(path)
+
+
+def up(
+    state_dir: Path,
+    only: list[str] | None = None,
+    *,
+    log: Callable[[str], None] = print,
+    ready_timeout: float = 60.0,
+) -> dict:
+    """Start redis and the requested services (default: every installed one). Returns the state."""
+    state = read_state(state_dir)
+    if state and any(pid_alive(p["pid"]) for p in [state.get("redis", {}), *state.get("services", {}).values()] if p):
+        raise ProcessError(f"a cluster is already running from {state_dir} (run `rollart down` first)")
+    unknown = [n for n in only or [] if n not in SERVICE_NAMES]
+    if unknown:
+        raise ProcessError(f"unknown service(s) {unknown}; known: {SERVICE_NAMES}")
+    token, token_file = job_token(state_dir)
+    del token  # only the file path travels to children
+    specs = [s for s in SERVICES if only is None or s.name in only]
+    state = {"state_dir": str(state_dir), "token_file": str(token_file), "services": {}, "started_at": time.time()}
+    redis_proc, redis_url = start_redis(state_dir / "redis")
+    state["redis"] = {"pid": redis_proc.pid, "url": redis_url, "log": str(redis_proc.log_path)}
+    write_state(state_dir, state)
+    log(f"redis            {redis_url}")
+    try:
+        for spec in specs:
+            script = find_script(spec.script)
+            if script is None:
+                if only is not None:
+                    raise ProcessError(f"{spec.name}: {spec.script} is not installed (run `make setup`)")
+                log(f"{spec.name:<16} skipped ({spec.script} not installed)")
+                continue
+            run_dir = state_dir / "run"
+            env = dict(os.environ)
+            env.update(
+                {
+                    "ROLLART_LISTEN": "127.0.0.1:0",
+                    "ROLLART_METRICS_LISTEN": "127.0.0.1:0",
+                    "ROLLART_JOB_TOKEN_FILE": str(token_file),
+                    "ROLLART_READY_FILE": str(run_dir / f"{spec.name}.ready"),
+                    "ROLLART_TRACING__EXPORTER": "file",
+                    "ROLLART_TRACING__FILE": str(state_dir / "traces" / f"{spec.name}.jsonl"),
+                }
+            )
+            env.pop("ROLLART_JOB_TOKEN", None)
+            rm_info = state["services"].get("resource-manager")
+            if rm_info:
+                env["ROLLART_RESOURCE_MANAGER"] = rm_info["address"]
+            if spec.redis_db is not None:
+                env["ROLLART_REDIS_URL"] = redis_url.rsplit("/", 1)[0] + f"/{spec.redis_db}"
+            if spec.extra_env is not None:
+                env.update(spec.extra_env(state))
+            proc = ManagedProcess(
+                spec.name,
+                [script],
+                log_path=state_dir / "logs" / f"{spec.name}.log",
+                env=env,
+                ready_file=run_dir / f"{spec.name}.ready",
+            ).start()
+            info = proc.wait_ready(ready_timeout)
+            state["services"][spec.name] = {
+                "pid": proc.pid,
+                "address": info["address"],
+                "metrics_port": info.get("metrics_port"),
+                "log": str(proc.log_path),
+            }
+            write_state(state_dir, state)
+            log(f"{spec.name:<16} {info['address']}  (metrics :{info.get('metrics_port')}, pid {proc.pid})")
+    except BaseException:
+        down(state_dir, log=lambda _m: None)
+        raise
+    return state
+
+
+def down(state_dir: Path, *, log: Callable[[str], None] = print) -> bool:
+    """Stop every process of the cluster (services in reverse start order, then redis). True if all are gone."""
+    state = read_state(state_dir)
+    if not state:
+        log(f"no cluster state in {state_dir}")
+        return True
+    ok = True
+    for name in reversed(list(state.get("services", {}))):
+        gone = stop_pid(state["services"][name]["pid"])
+        ok &= gone
+        log(f"{name:<16} {'stopped' if gone else 'STILL RUNNING'}")
+    if state.get("redis"):
+        gone = stop_pid(state["redis"]["pid"])
+        ok &= gone
+        log(f"{'redis':<16} {'stopped' if gone else 'STILL RUNNING'}")
+    if ok:
+        (state_dir / "state.json").unlink(missing_ok=True)
+    return ok

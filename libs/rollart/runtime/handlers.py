@@ -1,0 +1,121 @@
+"""Helpers to wrap a grpc.aio method handler's behaviour while keeping its kind (unary/stream)."""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import grpc
+from grpc import aio
+
+# Called around one RPC: gets (request_or_iterator, context, run) where run() performs the call; for streaming
+# responses the wrapper receives an async iterator factory instead.
+UnaryAround = Callable[[Any, aio.ServicerContext, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+StreamAround = Callable[[Any, aio.ServicerContext, Callable[[], AsyncIterator[Any]]], AsyncIterator[Any]]
+
+
+def _factory(handler: grpc.RpcMethodHandler) -> Callable[..., grpc.RpcMethodHandler]:
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler
+    return grpc.unary_unary_rpc_method_handler
+
+
+def _behavior(handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
+    return (
+        handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+    )
+
+
+class Malformed:
+    """Stands in for a request that did not parse, so the call ends with INVALID_ARGUMENT instead of UNKNOWN."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # noqa: BLE001 - any parse failure is the caller's malformed input
+            return Malformed(exc)
+
+    return parse
+
+
+async def _reject(context: aio.ServicerContext, bad: Malformed) -> None:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {bad.error}")
+
+
+def _checked(request: Any, context: aio.ServicerContext, streaming: bool) -> Any:
+    if not streaming:
+        return request
+
+    async def messages() -> AsyncIterator[Any]:
+        async for item in request:
+            if isinstance(item, Malformed):
+                await _reject(context, item)
+            yield item
+
+    return messages()
+
+
+def wrap(handler: grpc.RpcMethodHandler, unary: UnaryAround, stream: StreamAround) -> grpc.RpcMethodHandler:
+    """A handler of the same kind whose behaviour runs through ``unary`` or ``stream``.
+
+    Requests that fail to parse end the call with INVALID_ARGUMENT before the service sees them.
+    """
+    behavior = _behavior(handler)
+    req_streaming = handler.request_streaming
+    if handler.response_streaming:
+
+        async def call_stream(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+            async def run() -> AsyncIterator[Any]:
+                if isinstance(request, Malformed):
+                    await _reject(context, request)
+                result = behavior(_checked(request, context, req_streaming), context)
+                if hasattr(result, "__aiter__"):
+                    async for item in result:
+                        yield item
+                else:  # a coroutine that writes with context.write()
+                    await result
+
+            async for item in stream(request, context, run):
+                yield item
+
+        new = call_stream
+    else:
+
+        async def call_unary(request: Any, context: aio.ServicerContext) -> Any:
+            async def run() -> Any:
+                if isinstance(request, Malformed):
+                    await _reject(context, request)
+                return await behavior(_checked(request, context, req_streaming), context)
+
+            return await unary(request, context, run)
+
+        new = call_unary
+    return _factory(handler)(
+        new,
+        request_deserializer=_lenient(handler.request_deserializer),
+        response_serializer=handler.response_serializer,
+    )
+
+
+def aborting(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler:
+    """A handler of the same kind that ends the call with ``code`` before touching the service."""
+
+    async def unary(request: Any, context: aio.ServicerContext, run: Any) -> Any:
+        await context.abort(code, details)
+
+    async def stream(request: Any, context: aio.ServicerContext, run: Any) -> AsyncIterator[Any]:
+        await context.abort(code, details)
+        yield  # pragma: no cover - unreachable, makes this an async generator
+
+    return wrap(handler, unary, stream)

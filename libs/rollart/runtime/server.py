@@ -1,0 +1,208 @@
+"""gRPC server bootstrap every RollArt service uses.
+
+``run_service(service, cfg)`` starts a ``grpc.aio`` server on uvloop with: the job-token interceptor, telemetry
+(per-RPC metrics, server spans with the caller's trace context and trajectory baggage), the standard health and
+reflection services, a Prometheus /metrics endpoint, and graceful shutdown on SIGTERM/SIGINT (health flips to
+NOT_SERVING, in-flight calls drain for ``grace_seconds``, then the service's own ``stop`` runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any, AsyncIterator, Protocol, Sequence
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry import context, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from . import telemetry
+from .auth import TokenAuthInterceptor, server_credentials
+from .config import ServiceConfig
+from .handlers import wrap
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+class Service(Protocol):
+    """What a service hands to the bootstrap."""
+
+    #: Short name, e.g. "resource-manager" (logs, metrics, traces).
+    name: str
+    #: Fully-qualified gRPC service names it serves, e.g. ["rollart.v1.ResourceManager"].
+    service_names: Sequence[str]
+
+    def add_to_server(self, server: aio.Server) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    # Optional: ``async def on_serving(self, address: str) -> None`` runs once the server accepts calls (e.g. to
+    # register with the resource manager under the bound address).
+
+
+def _code_of(exc: BaseException | None, context_: aio.ServicerContext) -> str:
+    if exc is None:
+        code = context_.code()
+        return code.name if isinstance(code, grpc.StatusCode) else "OK"
+    if isinstance(exc, aio.AbortError):
+        code = context_.code()
+        return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+    if isinstance(exc, asyncio.CancelledError):
+        return "CANCELLED"
+    return "UNKNOWN"
+
+
+class TelemetryInterceptor(aio.ServerInterceptor):
+    """Per-RPC metrics and a server span that continues the caller's trace (and its trajectory baggage)."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self.tracer = telemetry.tracer("rollart.server")
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        if handler is None or details.method.startswith("/grpc.health.v1.Health/"):
+            return handler
+        method = details.method
+        parent = telemetry.extract_context(details.invocation_metadata)
+        labels = (self.service, method)
+
+        def begin():
+            token = context.attach(parent)
+            span = self.tracer.start_span(method, kind=SpanKind.SERVER)
+            span.set_attribute("rpc.system", "grpc")
+            span.set_attribute("rpc.method", method)
+            tid = telemetry.current_trajectory_id()
+            if tid:
+                span.set_attribute("rollart.trajectory_id", tid)
+            span_token = context.attach(trace.set_span_in_context(span))
+            telemetry.RPC_IN_FLIGHT.labels(self.service).inc()
+            return token, span, span_token, telemetry.Stopwatch()
+
+        def end(state, exc, ctx):
+            token, span, span_token, watch = state
+            code = _code_of(exc, ctx)
+            telemetry.RPC_IN_FLIGHT.labels(self.service).dec()
+            telemetry.RPC_TOTAL.labels(*labels, code).inc()
+            telemetry.RPC_SECONDS.labels(*labels).observe(watch.elapsed())
+            span.set_attribute("rpc.grpc.status_code", code)
+            if code != "OK":
+                span.set_status(Status(StatusCode.ERROR, code))
+            span.end()
+            context.detach(span_token)
+            context.detach(token)
+
+        async def unary(request: Any, ctx: aio.ServicerContext, run):
+            state = begin()
+            exc: BaseException | None = None
+            try:
+                return await run()
+            except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
+                exc = e
+                raise
+            finally:
+                end(state, exc, ctx)
+
+        async def stream(request: Any, ctx: aio.ServicerContext, run) -> AsyncIterator[Any]:
+            state = begin()
+            exc: BaseException | None = None
+            try:
+                async for item in run():
+                    yield item
+            except BaseException as e:  # noqa: BLE001
+                exc = e
+                raise
+            finally:
+                end(state, exc, ctx)
+
+        return wrap(handler, unary, stream)
+
+
+async def serve(service: Service, cfg: ServiceConfig, stop_event: asyncio.Event | None = None) -> None:
+    """Run ``service`` until SIGTERM/SIGINT (or ``stop_event``), then drain and stop."""
+    name = cfg.instance_name or service.name
+    telemetry.setup_tracing(service.name, cfg.tracing)
+    metrics_port = None
+    if cfg.metrics_listen:
+        _, metrics_port = telemetry.start_metrics_server(cfg.metrics_listen)
+
+    interceptors: list[aio.ServerInterceptor] = [TelemetryInterceptor(service.name)]
+    token = cfg.token()
+    if token is not None and not cfg.insecure_disable_auth:
+        interceptors.append(TokenAuthInterceptor(token))
+    elif cfg.insecure_disable_auth:
+        log.warning("authentication disabled (insecure_disable_auth): every caller is trusted")
+
+    server = aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
+    service.add_to_server(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = list(service.service_names)
+    reflection.enable_server_reflection(
+        names + [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+    )
+    creds = server_credentials(cfg.tls)
+    port = server.add_secure_port(cfg.listen, creds) if creds else server.add_insecure_port(cfg.listen)
+    if port == 0:
+        raise RuntimeError(f"could not listen on {cfg.listen}")
+    host = cfg.listen.rpartition(":")[0]
+    address = f"{host}:{port}"
+
+    await service.start()
+    await server.start()
+    for svc in ["", *names]:
+        await health_servicer.set(svc, health_pb2.HealthCheckResponse.SERVING)
+    on_serving = getattr(service, "on_serving", None)
+    if on_serving is not None:
+        await on_serving(address)
+    log.info("serving", extra=telemetry.log_fields(address=address, metrics_port=metrics_port, service=name))
+    if cfg.ready_file is not None:
+        _write_ready(cfg.ready_file, service.name, address, metrics_port)
+
+    stop_event = stop_event or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_event.set)
+    await stop_event.wait()
+
+    log.info("draining", extra=telemetry.log_fields(grace_seconds=cfg.grace_seconds))
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(cfg.grace_seconds)
+    await service.stop()
+    telemetry.shutdown_tracing()
+    log.info("stopped")
+
+
+def _write_ready(path: Path, service: str, address: str, metrics_port: int | None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(
+        json.dumps({"service": service, "address": address, "metrics_port": metrics_port, "pid": os.getpid()})
+    )
+    tmp.replace(path)  # atomic: a reader never sees half a file
+
+
+def run_service(service: Service, cfg: ServiceConfig) -> None:
+    """Blocking entry point for a service's console script."""
+    import uvloop
+
+    telemetry.setup_logging(cfg.instance_name or service.name, cfg.log_level, cfg.log_format)
+    uvloop.run(serve(service, cfg))

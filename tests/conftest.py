@@ -1,0 +1,101 @@
+"""Shared fixtures: a real redis-server per test, and real service processes on loopback with free ports."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+import grpc
+import pytest
+
+from rollart.local.processes import ManagedProcess, start_redis
+from rollart.runtime.auth import bearer
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TOKEN = "test-job-token-0123456789"
+
+
+@pytest.fixture
+def job_token() -> str:
+    return TOKEN
+
+
+@pytest.fixture
+def auth_md() -> list[tuple[str, str]]:
+    return [bearer(TOKEN)]
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    proc, url = start_redis(tmp_path / "redis")
+    yield url
+    proc.stop()
+
+
+class Services:
+    """Starts RollArt processes for one test and stops (or checks) them at the end."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[ManagedProcess] = []
+        self.count = 0
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLART_")}
+        env.update(
+            ROLLART_LISTEN="127.0.0.1:0",
+            ROLLART_METRICS_LISTEN="127.0.0.1:0",
+            ROLLART_JOB_TOKEN=TOKEN,
+            ROLLART_LOG_FORMAT="json",
+            PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        )
+        env.update(overrides)
+        return env
+
+    def start(self, name: str, argv: list[str], timeout: float = 30.0, **env: str) -> tuple[ManagedProcess, dict]:
+        self.count += 1
+        ready = self.tmp / "run" / f"{name}-{self.count}.ready"
+        proc = ManagedProcess(
+            name,
+            argv,
+            log_path=self.tmp / "logs" / f"{name}-{self.count}.log",
+            env=self.env(ROLLART_READY_FILE=str(ready), **env),
+            ready_file=ready,
+        ).start()
+        self.procs.append(proc)
+        return proc, proc.wait_ready(timeout)
+
+    def resource_manager(self, redis_url: str, **env: str) -> tuple[ManagedProcess, str]:
+        env.setdefault("ROLLART_REAP_INTERVAL_SECONDS", "0.1")
+        proc, info = self.start(
+            "resource-manager", [str(BIN / "rollart-resource-manager")], ROLLART_REDIS_URL=redis_url, **env
+        )
+        return proc, info["address"]
+
+    def stop_all(self) -> None:
+        for p in reversed(self.procs):
+            p.stop(timeout=10)
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Iterator[Services]:
+    s = Services(tmp_path)
+    yield s
+    s.stop_all()
+
+
+@pytest.fixture
+def channel_factory() -> Iterator[Callable[[str], grpc.Channel]]:
+    opened: list[grpc.Channel] = []
+
+    def make(address: str) -> grpc.Channel:
+        ch = grpc.insecure_channel(address)
+        opened.append(ch)
+        return ch
+
+    yield make
+    for ch in opened:
+        ch.close()
