@@ -15,7 +15,8 @@ from grpc import aio
 from rollart.runtime.client import channel
 from rollart.runtime.config import TLSConfig
 from rollart.runtime.telemetry import log_fields
-from rollart.v1 import resource_manager_pb2 as rm, resource_manager_pb2_grpc as rm_grpc
+from rollart.v1 import resource_manager_pb2 as rm
+from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,7 @@ class Registration:
                 pass
         if deregister:
             try:
-                await self.stub.DeregisterWorker(
-                    rm.DeregisterWorkerRequest(worker_id=self.worker.worker_id), timeout=3
-                )
+                await self.stub.DeregisterWorker(rm.DeregisterWorkerRequest(worker_id=self.worker.worker_id), timeout=3)
             except aio.AioRpcError as exc:
                 log.warning("deregister failed: %s", exc.details())
         await self._channel.close()
-

@@ -1,10 +1,10 @@
 """The ``rollart`` command line.
 
-    rollart up [--only SERVICE ...]     start a local cluster (private redis + services) as processes
-    rollart status [--json]             health of every service of the local cluster
-    rollart down                        stop it, leaving no process behind
-    rollart health --address HOST:PORT  exit 0 iff the gRPC health service answers SERVING (container probes)
-    rollart resources pools|workers|bindings [--json]
+rollart up [--only SERVICE ...]     start a local cluster (private redis + services) as processes
+rollart status [--json]             health of every service of the local cluster
+rollart down                        stop it, leaving no process behind
+rollart health --address HOST:PORT  exit 0 iff the gRPC health service answers SERVING (container probes)
+rollart resources pools|workers|bindings [--json]
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ def _rm_target(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def cmd_resources(args: argparse.Namespace) -> int:
-    from rollart.v1 import resource_manager_pb2 as rm, resource_manager_pb2_grpc as rm_grpc
+    from rollart.v1 import resource_manager_pb2 as rm
+    from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
     address, token = _rm_target(args)
     metadata = [bearer(token)] if token else []

@@ -12,9 +12,9 @@ import secrets
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from .processes import ManagedProcess, ProcessError, pid_alive, start_redis, stop_pid
 

@@ -9,8 +9,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 
 class ProcessError(RuntimeError):
@@ -93,7 +93,9 @@ class ManagedProcess:
                     f"last lines of {self.log_path}:\n{_tail(self.log_path)}"
                 )
             time.sleep(0.05)
-        raise ProcessError(f"{self.name} not ready after {timeout:.0f}s; last lines of {self.log_path}:\n{_tail(self.log_path)}")
+        raise ProcessError(
+            f"{self.name} not ready after {timeout:.0f}s; last lines of {self.log_path}:\n{_tail(self.log_path)}"
+        )
 
     def signal(self, sig: int) -> None:
         if self.alive():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc import aio

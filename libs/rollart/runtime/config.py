@@ -9,8 +9,9 @@ came from, e.g. ``config key 'tls.cert_file' (from env ROLLART_TLS__CERT_FILE): 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -153,7 +154,7 @@ def _env_overrides(model: type[BaseModel], environ: Mapping[str, str]) -> tuple[
     for var, raw in environ.items():
         if not var.startswith(ENV_PREFIX) or var in _RESERVED_ENV:
             continue
-        parts = var[len(ENV_PREFIX):].split("__")
+        parts = var[len(ENV_PREFIX) :].split("__")
         if parts[0] not in top:
             continue  # meant for another service or tool
         path = [top[parts[0]]] + [p.lower() for p in parts[1:]]

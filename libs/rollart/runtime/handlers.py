@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 from grpc import aio
@@ -24,9 +25,7 @@ def _factory(handler: grpc.RpcMethodHandler) -> Callable[..., grpc.RpcMethodHand
 
 
 def _behavior(handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
-    return (
-        handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
-    )
+    return handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
 
 
 class Malformed:

@@ -13,8 +13,9 @@ import json
 import logging
 import os
 import signal
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any, AsyncIterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import grpc
 from grpc import aio
@@ -172,7 +173,15 @@ async def serve(service: Service, cfg: ServiceConfig, stop_event: asyncio.Event 
         await health_servicer.set(svc, health_pb2.HealthCheckResponse.SERVING)
     on_serving = getattr(service, "on_serving", None)
     if on_serving is not None:
-        await on_serving(address)
+        try:
+            await on_serving(address)
+        except Exception as exc:
+            # E.g. the resource manager refused the registration: say why, release the port, exit non-zero.
+            details = exc.details() if hasattr(exc, "details") else str(exc)
+            log.error("startup failed: %s", details)
+            await server.stop(0)
+            await service.stop()
+            raise SystemExit(1) from None
     log.info("serving", extra=telemetry.log_fields(address=address, metrics_port=metrics_port, service=name))
     if cfg.ready_file is not None:
         _write_ready(cfg.ready_file, service.name, address, metrics_port)

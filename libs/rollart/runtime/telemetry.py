@@ -12,8 +12,9 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from opentelemetry import baggage, context, propagate, trace
 from opentelemetry.sdk.resources import Resource

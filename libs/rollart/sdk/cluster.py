@@ -16,7 +16,8 @@ import itertools
 import json
 import urllib.error
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 from grpc import aio
@@ -25,8 +26,9 @@ from rollart.discovery import resource_manager_channel
 from rollart.runtime.auth import bearer
 from rollart.runtime.client import channel
 from rollart.runtime.config import TLSConfig
-from rollart.v1 import common_pb2, resource_manager_pb2 as rm, resource_manager_pb2_grpc as rm_grpc
-from rollart.v1 import worker_pb2, worker_pb2_grpc
+from rollart.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from rollart.v1 import resource_manager_pb2 as rm
+from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
 from .worker import HW_MAPPING, REGISTER, SERVERLESS, Worker
 
@@ -187,7 +189,9 @@ class Cluster:
                 if attempt == 0 and exc.code() == grpc.StatusCode.UNAVAILABLE:
                     await self.refresh()
                     continue
-                raise ClusterError(f"{method} failed on {target.worker_id}", {target.worker_id: _describe(exc)}) from exc
+                raise ClusterError(
+                    f"{method} failed on {target.worker_id}", {target.worker_id: _describe(exc)}
+                ) from exc
         raise AssertionError("unreachable")
 
     async def _serverless(self, method: str, name: str, args: tuple, kwargs: dict) -> Any:

@@ -22,7 +22,8 @@ from grpc import aio
 from rollart.discovery import Registration
 from rollart.runtime.config import ConfigError, ServiceConfig, load_config
 from rollart.runtime.server import run_service
-from rollart.v1 import common_pb2, resource_manager_pb2 as rm, worker_pb2, worker_pb2_grpc
+from rollart.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from rollart.v1 import resource_manager_pb2 as rm
 
 from .worker import Worker
 
@@ -84,16 +85,22 @@ class WorkerHost(worker_pb2_grpc.ClusterWorkerServicer):
                 hardware=common_pb2.Hardware(accelerator="cpu", count=1, tags=self.tags),
                 ttl_seconds=self.cfg.ttl_seconds,
             )
-            self.registration = Registration(self.cfg.resource_manager, worker, token=self.cfg.token(), tls=self.cfg.tls)
+            self.registration = Registration(
+                self.cfg.resource_manager, worker, token=self.cfg.token(), tls=self.cfg.tls
+            )
             await self.registration.start()
 
     async def stop(self) -> None:
         if self.registration is not None:
             await self.registration.stop()
 
-    async def Invoke(self, request: worker_pb2.InvokeRequest, context: aio.ServicerContext) -> worker_pb2.InvokeResponse:
+    async def Invoke(
+        self, request: worker_pb2.InvokeRequest, context: aio.ServicerContext
+    ) -> worker_pb2.InvokeResponse:
         try:
-            result = await invoke_method(self.obj, self.exported, request.method, request.args_json, request.kwargs_json)
+            result = await invoke_method(
+                self.obj, self.exported, request.method, request.args_json, request.kwargs_json
+            )
         except LookupError as exc:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, str(exc))
         except (json.JSONDecodeError, TypeError) as exc:

@@ -27,7 +27,8 @@ import grpc
 from rollart.runtime.auth import bearer
 from rollart.runtime.config import ConfigError, ServiceConfig, load_config
 from rollart.runtime.server import _write_ready
-from rollart.v1 import resource_manager_pb2 as rm, resource_manager_pb2_grpc as rm_grpc
+from rollart.v1 import resource_manager_pb2 as rm
+from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
 from .host import invoke_method, load_class
 

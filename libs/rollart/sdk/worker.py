@@ -15,7 +15,8 @@ Arguments and results travel as JSON, so workers can be called from any language
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 DISPATCH_ATTR = "__rollart_dispatch__"

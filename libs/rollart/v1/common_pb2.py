@@ -22,10 +22,11 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rollart/v1/common.proto\x12\nrollart.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"P\n\x08Hardware\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x12\n\nmemory_gib\x18\x03 \x01(\x01\x12\x0c\n\x04tags\x18\x04 \x03(\t\"\xfa\x01\n\rPolicyVersion\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x03\x12\x0c\n\x04hash\x18\x03 \x01(\x0c\x12\x16\n\x0e\x63heckpoint_uri\x18\x04 \x01(\t\x12\x11\n\tdelta_uri\x18\x05 \x01(\t\x12\x18\n\x10\x63heckpoint_bytes\x18\x06 \x01(\x03\x12\x13\n\x0b\x64\x65lta_bytes\x18\x07 \x01(\x03\x12\x15\n\rdelta_entries\x18\x08 \x01(\x03\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x62ucket_keys\x18\n \x03(\t\"\xcd\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x0c\n\x04seed\x18\x07 \x01(\x03\x12\x10\n\x08logprobs\x18\x08 \x01(\x08\x12\x1a\n\x12repetition_penalty\x18\t \x01(\x02\x12\x12\n\nignore_eos\x18\n \x01(\x08\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xbc\x01\n\x04Turn\x12\x13\n\x0bobservation\x18\x01 \x01(\t\x12\x1d\n\x15observation_token_ids\x18\x02 \x03(\x05\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\x12\x18\n\x10\x61\x63tion_token_ids\x18\x04 \x03(\x05\x12\x17\n\x0f\x61\x63tion_logprobs\x18\x05 \x03(\x02\x12\x17\n\x0f\x61\x63tion_versions\x18\x06 \x03(\x03\x12\x12\n\nenv_reward\x18\x07 \x01(\x01\x12\x10\n\x08\x61\x63tor_id\x18\x08 \x01(\t\"\xf8\x04\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x11\n\tprompt_id\x18\x03 \x01(\t\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12\x14\n\x0csample_index\x18\x05 \x01(\x05\x12\x0c\n\x04task\x18\x06 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\x05\x12\x1f\n\x05turns\x18\x08 \x03(\x0b\x32\x10.rollart.v1.Turn\x12\x15\n\rlease_version\x18\t \x01(\x03\x12\x41\n\x0eversion_hashes\x18\n \x03(\x0b\x32).rollart.v1.Trajectory.VersionHashesEntry\x12\x0e\n\x06reward\x18\x0b \x01(\x01\x12\x0e\n\x06scored\x18\x0c \x01(\x08\x12,\n\x06status\x18\r \x01(\x0e\x32\x1c.rollart.v1.TrajectoryStatus\x12\x15\n\rfailure_cause\x18\x0e \x01(\t\x12\x36\n\x08metadata\x18\x0f \x03(\x0b\x32$.rollart.v1.Trajectory.MetadataEntry\x12.\n\nstarted_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x34\n\x12VersionHashesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\t\n\x07Nothing*\x8a\x01\n\x08PoolKind\x12\x19\n\x15POOL_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15POOL_KIND_GPU_COMPUTE\x10\x01\x12\x1b\n\x17POOL_KIND_GPU_BANDWIDTH\x10\x02\x12\x11\n\rPOOL_KIND_CPU\x10\x03\x12\x18\n\x14POOL_KIND_SERVERLESS\x10\x04*\xb4\x01\n\x10TrajectoryStatus\x12!\n\x1dTRAJECTORY_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14TRAJECTORY_STATUS_OK\x10\x01\x12\x1f\n\x1bTRAJECTORY_STATUS_CANCELLED\x10\x02\x12#\n\x1fTRAJECTORY_STATUS_INFRA_FAILURE\x10\x03\x12\x1d\n\x19TRAJECTORY_STATUS_TIMEOUT\x10\x04\x42\x38Z6github.com/rollart/rollart/gen/go/rollart/v1;rollartv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rollart/v1/common.proto\x12\nrollart.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"P\n\x08Hardware\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x12\n\nmemory_gib\x18\x03 \x01(\x01\x12\x0c\n\x04tags\x18\x04 \x03(\t\"\xfa\x01\n\rPolicyVersion\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x03\x12\x0c\n\x04hash\x18\x03 \x01(\x0c\x12\x16\n\x0e\x63heckpoint_uri\x18\x04 \x01(\t\x12\x11\n\tdelta_uri\x18\x05 \x01(\t\x12\x18\n\x10\x63heckpoint_bytes\x18\x06 \x01(\x03\x12\x13\n\x0b\x64\x65lta_bytes\x18\x07 \x01(\x03\x12\x15\n\rdelta_entries\x18\x08 \x01(\x03\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x62ucket_keys\x18\n \x03(\t\"\xcd\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x0c\n\x04seed\x18\x07 \x01(\x03\x12\x10\n\x08logprobs\x18\x08 \x01(\x08\x12\x1a\n\x12repetition_penalty\x18\t \x01(\x02\x12\x12\n\nignore_eos\x18\n \x01(\x08\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xbc\x01\n\x04Turn\x12\x13\n\x0bobservation\x18\x01 \x01(\t\x12\x1d\n\x15observation_token_ids\x18\x02 \x03(\x05\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\x12\x18\n\x10\x61\x63tion_token_ids\x18\x04 \x03(\x05\x12\x17\n\x0f\x61\x63tion_logprobs\x18\x05 \x03(\x02\x12\x17\n\x0f\x61\x63tion_versions\x18\x06 \x03(\x03\x12\x12\n\nenv_reward\x18\x07 \x01(\x01\x12\x10\n\x08\x61\x63tor_id\x18\x08 \x01(\t\"\xf8\x04\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x11\n\tprompt_id\x18\x03 \x01(\t\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12\x14\n\x0csample_index\x18\x05 \x01(\x05\x12\x0c\n\x04task\x18\x06 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\x05\x12\x1f\n\x05turns\x18\x08 \x03(\x0b\x32\x10.rollart.v1.Turn\x12\x15\n\rlease_version\x18\t \x01(\x03\x12\x41\n\x0eversion_hashes\x18\n \x03(\x0b\x32).rollart.v1.Trajectory.VersionHashesEntry\x12\x0e\n\x06reward\x18\x0b \x01(\x01\x12\x0e\n\x06scored\x18\x0c \x01(\x08\x12,\n\x06status\x18\r \x01(\x0e\x32\x1c.rollart.v1.TrajectoryStatus\x12\x15\n\rfailure_cause\x18\x0e \x01(\t\x12\x36\n\x08metadata\x18\x0f \x03(\x0b\x32$.rollart.v1.Trajectory.MetadataEntry\x12.\n\nstarted_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a\x34\n\x12VersionHashesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\t\n\x07Nothing\"v\n\x0c\x44\x65ltaSegment\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x14\n\x0c\x62\x61se_version\x18\x03 \x01(\x03\x12\x10\n\x08sequence\x18\x04 \x01(\x03\x12\x0f\n\x07trailer\x18\x05 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"\xdc\x02\n\rStagedWeights\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x03\x12,\n\x08\x61rtifact\x18\x03 \x01(\x0e\x32\x1a.rollart.v1.WeightArtifact\x12\x0c\n\x04hash\x18\x04 \x01(\x0c\x12\x16\n\x0eparts_received\x18\x05 \x01(\x03\x12\x13\n\x0bparts_total\x18\x06 \x01(\x03\x12\x16\n\x0e\x62ytes_received\x18\x07 \x01(\x03\x12\x10\n\x08\x63omplete\x18\x08 \x01(\x08\x12\x10\n\x08verified\x18\t \x01(\x08\x12\x0e\n\x06source\x18\n \x01(\t\x12.\n\nstarted_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\r \x01(\t\"\x84\x02\n\x10\x41\x63torWeightState\x12\x0e\n\x06loaded\x18\x01 \x01(\x08\x12\x16\n\x0e\x61\x63tive_version\x18\x02 \x01(\x03\x12\x13\n\x0b\x61\x63tive_hash\x18\x03 \x01(\x0c\x12)\n\x06staged\x18\x04 \x03(\x0b\x32\x19.rollart.v1.StagedWeights\x12\x10\n\x08updating\x18\x05 \x01(\x08\x12\x13\n\x0bupdating_to\x18\x06 \x01(\x03\x12\x32\n\x0elast_update_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\nlast_pause\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xec\x01\n\x0b\x43ommitOrder\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0c\n\x04hash\x18\x03 \x01(\x0c\x12\x14\n\x0c\x62\x61se_version\x18\x04 \x01(\x03\x12\x0c\n\x04step\x18\x05 \x01(\x03\x12\x11\n\tactor_ids\x18\x06 \x03(\t\x12-\n\tissued_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10\x66\x65tch_if_missing\x18\t \x01(\x08\"\xff\x01\n\nModelInput\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12)\n\x08messages\x18\x02 \x03(\x0b\x32\x17.rollart.v1.ChatMessage\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x1c\n\x14no_generation_prompt\x18\x04 \x01(\x08\x12L\n\x14\x63hat_template_kwargs\x18\x05 \x03(\x0b\x32..rollart.v1.ModelInput.ChatTemplateKwargsEntry\x1a\x39\n\x17\x43hatTemplateKwargsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"T\n\x0fTokenizeRequest\x12%\n\x05input\x18\x01 \x01(\x0b\x32\x16.rollart.v1.ModelInput\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x02 \x01(\x08\"]\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08rendered\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\"\xab\x01\n\rVersionChange\x12\x13\n\x0btoken_index\x18\x01 \x01(\x05\x12\x14\n\x0c\x66rom_version\x18\x02 \x01(\x03\x12\x12\n\nto_version\x18\x03 \x01(\x03\x12\x15\n\rkv_recomputed\x18\x04 \x01(\x08\x12\x19\n\x11recomputed_tokens\x18\x05 \x01(\x05\x12)\n\x06paused\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xfc\x01\n\x0fGenerationUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\x05\x12-\n\nqueue_time\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13time_to_first_token\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x32\n\x0fgeneration_time\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x84\x03\n\x0fGenerationChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rtrajectory_id\x18\x02 \x01(\t\x12\x10\n\x08\x61\x63tor_id\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x05\x12\x11\n\ttoken_ids\x18\x05 \x03(\x05\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12\x10\n\x08versions\x18\x07 \x03(\x03\x12\x0c\n\x04text\x18\x08 \x01(\t\x12\x32\n\x0fversion_changes\x18\t \x03(\x0b\x32\x19.rollart.v1.VersionChange\x12\x18\n\x10prompt_token_ids\x18\n \x03(\x05\x12/\n\rfinish_reason\x18\x0b \x01(\x0e\x32\x18.rollart.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x0c \x01(\t\x12*\n\x05usage\x18\r \x01(\x0b\x32\x1b.rollart.v1.GenerationUsage\x12\x1f\n\x17kv_transfer_params_json\x18\x0e \x01(\t\"\xa8\x01\n\nRewardSpec\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.rollart.v1.ScorerKind\x12\x0e\n\x06scorer\x18\x02 \x01(\t\x12\x34\n\x07options\x18\x03 \x03(\x0b\x32#.rollart.v1.RewardSpec.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc3\x02\n\rRewardOutcome\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12$\n\x04spec\x18\x03 \x01(\x0b\x32\x16.rollart.v1.RewardSpec\x12=\n\ncomponents\x18\x04 \x03(\x0b\x32).rollart.v1.RewardOutcome.ComponentsEntry\x12\x13\n\x0b\x65xplanation\x18\x05 \x01(\t\x12-\n\tscored_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0cscoring_time\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*\x8a\x01\n\x08PoolKind\x12\x19\n\x15POOL_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15POOL_KIND_GPU_COMPUTE\x10\x01\x12\x1b\n\x17POOL_KIND_GPU_BANDWIDTH\x10\x02\x12\x11\n\rPOOL_KIND_CPU\x10\x03\x12\x18\n\x14POOL_KIND_SERVERLESS\x10\x04*\xb4\x01\n\x10TrajectoryStatus\x12!\n\x1dTRAJECTORY_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14TRAJECTORY_STATUS_OK\x10\x01\x12\x1f\n\x1bTRAJECTORY_STATUS_CANCELLED\x10\x02\x12#\n\x1fTRAJECTORY_STATUS_INFRA_FAILURE\x10\x03\x12\x1d\n\x19TRAJECTORY_STATUS_TIMEOUT\x10\x04*n\n\x0f\x41\x64missionPolicy\x12 \n\x1c\x41\x44MISSION_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x41\x44MISSION_POLICY_STRICT\x10\x01\x12\x1c\n\x18\x41\x44MISSION_POLICY_BOUNDED\x10\x02*\x89\x01\n\x0eWeightArtifact\x12\x1f\n\x1bWEIGHT_ARTIFACT_UNSPECIFIED\x10\x00\x12\x19\n\x15WEIGHT_ARTIFACT_DELTA\x10\x01\x12\x1b\n\x17WEIGHT_ARTIFACT_BUCKETS\x10\x02\x12\x1e\n\x1aWEIGHT_ARTIFACT_CHECKPOINT\x10\x03*_\n\x06PdRole\x12\x17\n\x13PD_ROLE_UNSPECIFIED\x10\x00\x12\x13\n\x0fPD_ROLE_UNIFIED\x10\x01\x12\x13\n\x0fPD_ROLE_PREFILL\x10\x02\x12\x12\n\x0ePD_ROLE_DECODE\x10\x03*z\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x03*\xbd\x01\n\nScorerKind\x12\x1b\n\x17SCORER_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10SCORER_KIND_MATH\x10\x01\x12\x1d\n\x19SCORER_KIND_REASONING_GYM\x10\x02\x12\x14\n\x10SCORER_KIND_CODE\x10\x03\x12\x14\n\x10SCORER_KIND_GAME\x10\x04\x12\x19\n\x15SCORER_KIND_LLM_JUDGE\x10\x05\x12\x16\n\x12SCORER_KIND_CUSTOM\x10\x06\x42\x38Z6github.com/rollart/rollart/gen/go/rollart/v1;rollartv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,26 +38,72 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAJECTORY_VERSIONHASHESENTRY']._serialized_options = b'8\001'
   _globals['_TRAJECTORY_METADATAENTRY']._loaded_options = None
   _globals['_TRAJECTORY_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_POOLKIND']._serialized_start=1499
-  _globals['_POOLKIND']._serialized_end=1637
-  _globals['_TRAJECTORYSTATUS']._serialized_start=1640
-  _globals['_TRAJECTORYSTATUS']._serialized_end=1820
-  _globals['_HARDWARE']._serialized_start=72
-  _globals['_HARDWARE']._serialized_end=152
-  _globals['_POLICYVERSION']._serialized_start=155
-  _globals['_POLICYVERSION']._serialized_end=405
-  _globals['_SAMPLINGPARAMS']._serialized_start=408
-  _globals['_SAMPLINGPARAMS']._serialized_end=613
-  _globals['_CHATMESSAGE']._serialized_start=615
-  _globals['_CHATMESSAGE']._serialized_end=659
-  _globals['_TURN']._serialized_start=662
-  _globals['_TURN']._serialized_end=850
-  _globals['_TRAJECTORY']._serialized_start=853
-  _globals['_TRAJECTORY']._serialized_end=1485
-  _globals['_TRAJECTORY_VERSIONHASHESENTRY']._serialized_start=1384
-  _globals['_TRAJECTORY_VERSIONHASHESENTRY']._serialized_end=1436
-  _globals['_TRAJECTORY_METADATAENTRY']._serialized_start=1438
-  _globals['_TRAJECTORY_METADATAENTRY']._serialized_end=1485
-  _globals['_NOTHING']._serialized_start=1487
-  _globals['_NOTHING']._serialized_end=1496
+  _globals['_MODELINPUT_CHATTEMPLATEKWARGSENTRY']._loaded_options = None
+  _globals['_MODELINPUT_CHATTEMPLATEKWARGSENTRY']._serialized_options = b'8\001'
+  _globals['_REWARDSPEC_OPTIONSENTRY']._loaded_options = None
+  _globals['_REWARDSPEC_OPTIONSENTRY']._serialized_options = b'8\001'
+  _globals['_REWARDOUTCOME_COMPONENTSENTRY']._loaded_options = None
+  _globals['_REWARDOUTCOME_COMPONENTSENTRY']._serialized_options = b'8\001'
+  _globals['_POOLKIND']._serialized_start=4260
+  _globals['_POOLKIND']._serialized_end=4398
+  _globals['_TRAJECTORYSTATUS']._serialized_start=4401
+  _globals['_TRAJECTORYSTATUS']._serialized_end=4581
+  _globals['_ADMISSIONPOLICY']._serialized_start=4583
+  _globals['_ADMISSIONPOLICY']._serialized_end=4693
+  _globals['_WEIGHTARTIFACT']._serialized_start=4696
+  _globals['_WEIGHTARTIFACT']._serialized_end=4833
+  _globals['_PDROLE']._serialized_start=4835
+  _globals['_PDROLE']._serialized_end=4930
+  _globals['_FINISHREASON']._serialized_start=4932
+  _globals['_FINISHREASON']._serialized_end=5054
+  _globals['_SCORERKIND']._serialized_start=5057
+  _globals['_SCORERKIND']._serialized_end=5246
+  _globals['_HARDWARE']._serialized_start=104
+  _globals['_HARDWARE']._serialized_end=184
+  _globals['_POLICYVERSION']._serialized_start=187
+  _globals['_POLICYVERSION']._serialized_end=437
+  _globals['_SAMPLINGPARAMS']._serialized_start=440
+  _globals['_SAMPLINGPARAMS']._serialized_end=645
+  _globals['_CHATMESSAGE']._serialized_start=647
+  _globals['_CHATMESSAGE']._serialized_end=691
+  _globals['_TURN']._serialized_start=694
+  _globals['_TURN']._serialized_end=882
+  _globals['_TRAJECTORY']._serialized_start=885
+  _globals['_TRAJECTORY']._serialized_end=1517
+  _globals['_TRAJECTORY_VERSIONHASHESENTRY']._serialized_start=1416
+  _globals['_TRAJECTORY_VERSIONHASHESENTRY']._serialized_end=1468
+  _globals['_TRAJECTORY_METADATAENTRY']._serialized_start=1470
+  _globals['_TRAJECTORY_METADATAENTRY']._serialized_end=1517
+  _globals['_NOTHING']._serialized_start=1519
+  _globals['_NOTHING']._serialized_end=1528
+  _globals['_DELTASEGMENT']._serialized_start=1530
+  _globals['_DELTASEGMENT']._serialized_end=1648
+  _globals['_STAGEDWEIGHTS']._serialized_start=1651
+  _globals['_STAGEDWEIGHTS']._serialized_end=1999
+  _globals['_ACTORWEIGHTSTATE']._serialized_start=2002
+  _globals['_ACTORWEIGHTSTATE']._serialized_end=2262
+  _globals['_COMMITORDER']._serialized_start=2265
+  _globals['_COMMITORDER']._serialized_end=2501
+  _globals['_MODELINPUT']._serialized_start=2504
+  _globals['_MODELINPUT']._serialized_end=2759
+  _globals['_MODELINPUT_CHATTEMPLATEKWARGSENTRY']._serialized_start=2702
+  _globals['_MODELINPUT_CHATTEMPLATEKWARGSENTRY']._serialized_end=2759
+  _globals['_TOKENIZEREQUEST']._serialized_start=2761
+  _globals['_TOKENIZEREQUEST']._serialized_end=2845
+  _globals['_TOKENIZERESPONSE']._serialized_start=2847
+  _globals['_TOKENIZERESPONSE']._serialized_end=2940
+  _globals['_VERSIONCHANGE']._serialized_start=2943
+  _globals['_VERSIONCHANGE']._serialized_end=3114
+  _globals['_GENERATIONUSAGE']._serialized_start=3117
+  _globals['_GENERATIONUSAGE']._serialized_end=3369
+  _globals['_GENERATIONCHUNK']._serialized_start=3372
+  _globals['_GENERATIONCHUNK']._serialized_end=3760
+  _globals['_REWARDSPEC']._serialized_start=3763
+  _globals['_REWARDSPEC']._serialized_end=3931
+  _globals['_REWARDSPEC_OPTIONSENTRY']._serialized_start=3885
+  _globals['_REWARDSPEC_OPTIONSENTRY']._serialized_end=3931
+  _globals['_REWARDOUTCOME']._serialized_start=3934
+  _globals['_REWARDOUTCOME']._serialized_end=4257
+  _globals['_REWARDOUTCOME_COMPONENTSENTRY']._serialized_start=4208
+  _globals['_REWARDOUTCOME_COMPONENTSENTRY']._serialized_end=4257
 # @@protoc_insertion_point(module_scope)

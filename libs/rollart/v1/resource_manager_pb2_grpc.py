@@ -27,7 +27,8 @@ if _version_not_supported:
 
 
 class ResourceManagerStub:
-    """Missing associated documentation comment in .proto file."""
+    """Pools, workers and bindings (see the file comment).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -103,7 +104,8 @@ class ResourceManagerStub:
 
 
 class ResourceManagerServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Pools, workers and bindings (see the file comment).
+    """
 
     def RegisterPool(self, request, context):
         """Creates or replaces a pool (idempotent).
@@ -127,7 +129,8 @@ class ResourceManagerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListPools(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Lists every pool with its derived load.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -156,7 +159,8 @@ class ResourceManagerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListWorkers(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Lists workers, optionally filtered by role and pool.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -179,13 +183,15 @@ class ResourceManagerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetBinding(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Reads one binding; NOT_FOUND if it does not exist.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListBindings(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Lists bindings, optionally of one role.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -276,7 +282,8 @@ def add_ResourceManagerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ResourceManager:
-    """Missing associated documentation comment in .proto file."""
+    """Pools, workers and bindings (see the file comment).
+    """
 
     @staticmethod
     def RegisterPool(request,

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class ClusterWorkerStub:
-    """Missing associated documentation comment in .proto file."""
+    """Served by every process hosting an SDK Worker.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -47,7 +48,8 @@ class ClusterWorkerStub:
 
 
 class ClusterWorkerServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Served by every process hosting an SDK Worker.
+    """
 
     def Invoke(self, request, context):
         """Calls one method of the hosted worker object.
@@ -85,7 +87,8 @@ def add_ClusterWorkerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ClusterWorker:
-    """Missing associated documentation comment in .proto file."""
+    """Served by every process hosting an SDK Worker.
+    """
 
     @staticmethod
     def Invoke(request,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rollart.v1 import common_pb2, resource_manager_pb2 as rm
+from rollart.v1 import common_pb2
+from rollart.v1 import resource_manager_pb2 as rm
 
 K = common_pb2.PoolKind
 # When a pool names no fallbacks, pools of these kinds are tried (GPU kinds serve each other's work more slowly

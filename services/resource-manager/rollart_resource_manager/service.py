@@ -13,7 +13,7 @@ import asyncio
 import logging
 import re
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import grpc
 import redis.asyncio as aioredis
@@ -21,7 +21,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from grpc import aio
 
 from rollart.runtime.telemetry import log_fields
-from rollart.v1 import common_pb2, resource_manager_pb2 as rm, resource_manager_pb2_grpc as rm_grpc
+from rollart.v1 import common_pb2
+from rollart.v1 import resource_manager_pb2 as rm
+from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
 from .config import ResourceManagerConfig
 from .placement import PlacementError, place
@@ -119,9 +121,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
         for etype, subject in events:
             revision += 1
             ev = rm.ResourceEvent(revision=revision, type=etype, at=_ts(now))
-            getattr(ev, {rm.Pool: "pool", rm.Worker: "worker", rm.Binding: "binding"}[type(subject)]).CopyFrom(
-                subject
-            )
+            getattr(ev, {rm.Pool: "pool", rm.Worker: "worker", rm.Binding: "binding"}[type(subject)]).CopyFrom(subject)
             pipe.xadd(
                 self.k_events,
                 {"e": ev.SerializeToString()},
@@ -381,8 +381,10 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
         raw = await self.redis.hget(self.k_workers, request.worker_id)
         now = time.time()
         w = rm.Worker.FromString(raw) if raw else None
-        if w is None or w.state != rm.WORKER_STATE_ALIVE or (
-            w.ttl_seconds > 0 and w.last_heartbeat.ToNanoseconds() / 1e9 + w.ttl_seconds < now
+        if (
+            w is None
+            or w.state != rm.WORKER_STATE_ALIVE
+            or (w.ttl_seconds > 0 and w.last_heartbeat.ToNanoseconds() / 1e9 + w.ttl_seconds < now)
         ):
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} is not registered or expired; register again"

@@ -8,7 +8,9 @@ import time
 import grpc
 import pytest
 
-from rollart.v1 import common_pb2, resource_manager_pb2 as rm, resource_manager_pb2_grpc as rm_grpc
+from rollart.v1 import common_pb2
+from rollart.v1 import resource_manager_pb2 as rm
+from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
 K = common_pb2.PoolKind
 
@@ -21,7 +23,9 @@ def rm_env(services, redis_url, channel_factory, auth_md):
 
 
 def pool(stub, md, name, kind, capacity=8, **kw):
-    return stub.RegisterPool(rm.RegisterPoolRequest(pool=rm.Pool(name=name, kind=kind, capacity=capacity, **kw)), metadata=md)
+    return stub.RegisterPool(
+        rm.RegisterPoolRequest(pool=rm.Pool(name=name, kind=kind, capacity=capacity, **kw)), metadata=md
+    )
 
 
 def worker(stub, md, wid, pool_name, role="actor", tags=(), ttl=30.0):
@@ -53,8 +57,12 @@ def test_affinity_binding_prefers_the_matching_pool(rm_env):
     two_gpu_pools(stub, md)
     b = stub.Bind(
         rm.BindRequest(
-            binding_id="decode-actors", role="actor", replicas=2, preferred_kind=K.POOL_KIND_GPU_BANDWIDTH,
-            hardware_tags=["decode"], allow_fallback=True,
+            binding_id="decode-actors",
+            role="actor",
+            replicas=2,
+            preferred_kind=K.POOL_KIND_GPU_BANDWIDTH,
+            hardware_tags=["decode"],
+            allow_fallback=True,
         ),
         metadata=md,
     )
@@ -94,7 +102,9 @@ def test_fallback_when_preferred_workers_expired_and_rebinding(rm_env):
     worker(stub, md, "c0", "h800")
     worker(stub, md, "b0", "h20", ttl=0.4)  # never heartbeats
     b = stub.Bind(
-        rm.BindRequest(binding_id="d", role="actor", replicas=1, preferred_kind=K.POOL_KIND_GPU_BANDWIDTH, allow_fallback=True),
+        rm.BindRequest(
+            binding_id="d", role="actor", replicas=1, preferred_kind=K.POOL_KIND_GPU_BANDWIDTH, allow_fallback=True
+        ),
         metadata=md,
     )
     assert [w.worker_id for w in b.workers] == ["b0"]
@@ -106,7 +116,9 @@ def test_fallback_when_preferred_workers_expired_and_rebinding(rm_env):
     worker(stub, md, "c1", "h800")
     t0 = time.monotonic()
     b2 = stub.Bind(
-        rm.BindRequest(binding_id="d2", role="actor", replicas=1, preferred_kind=K.POOL_KIND_GPU_BANDWIDTH, allow_fallback=True),
+        rm.BindRequest(
+            binding_id="d2", role="actor", replicas=1, preferred_kind=K.POOL_KIND_GPU_BANDWIDTH, allow_fallback=True
+        ),
         metadata=md,
     )
     assert time.monotonic() - t0 < 1.0
@@ -126,7 +138,9 @@ def test_no_worker_anywhere_is_unavailable_at_once(rm_env):
 def test_pool_marked_down_moves_bindings(rm_env):
     _, _, stub, md = rm_env
     two_gpu_pools(stub, md)
-    stub.Bind(rm.BindRequest(binding_id="a", role="actor", replicas=2, preferred_pool="h20", allow_fallback=True), metadata=md)
+    stub.Bind(
+        rm.BindRequest(binding_id="a", role="actor", replicas=2, preferred_pool="h20", allow_fallback=True), metadata=md
+    )
     stub.SetPoolState(rm.SetPoolStateRequest(name="h20", up=False), metadata=md)
     b = stub.GetBinding(rm.GetBindingRequest(binding_id="a"), metadata=md)
     assert sorted(w.pool for w in b.workers) == ["h800", "h800"] and b.fallback
@@ -159,7 +173,12 @@ def test_restart_after_sigkill_serves_the_same_state(services, redis_url, channe
     proc, address = services.resource_manager(redis_url)
     stub = rm_grpc.ResourceManagerStub(channel_factory(address))
     two_gpu_pools(stub, md)
-    b = stub.Bind(rm.BindRequest(binding_id="rollout", role="actor", replicas=3, preferred_kind=K.POOL_KIND_GPU_COMPUTE, allow_fallback=True), metadata=md)
+    b = stub.Bind(
+        rm.BindRequest(
+            binding_id="rollout", role="actor", replicas=3, preferred_kind=K.POOL_KIND_GPU_COMPUTE, allow_fallback=True
+        ),
+        metadata=md,
+    )
     before = (
         stub.ListPools(rm.ListPoolsRequest(), metadata=md),
         stub.ListWorkers(rm.ListWorkersRequest(), metadata=md),
@@ -183,17 +202,47 @@ def test_restart_after_sigkill_serves_the_same_state(services, redis_url, channe
 @pytest.mark.parametrize(
     "call, request_, code",
     [
-        ("RegisterPool", rm.RegisterPoolRequest(pool=rm.Pool(name="Bad Name!", kind=K.POOL_KIND_CPU, capacity=1)), "INVALID_ARGUMENT"),
-        ("RegisterPool", rm.RegisterPoolRequest(pool=rm.Pool(name="p", kind=K.POOL_KIND_CPU, capacity=0)), "INVALID_ARGUMENT"),
+        (
+            "RegisterPool",
+            rm.RegisterPoolRequest(pool=rm.Pool(name="Bad Name!", kind=K.POOL_KIND_CPU, capacity=1)),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "RegisterPool",
+            rm.RegisterPoolRequest(pool=rm.Pool(name="p", kind=K.POOL_KIND_CPU, capacity=0)),
+            "INVALID_ARGUMENT",
+        ),
         ("RegisterPool", rm.RegisterPoolRequest(pool=rm.Pool(name="p", capacity=1)), "INVALID_ARGUMENT"),
         ("RegisterPool", rm.RegisterPoolRequest(pool=rm.Pool(name="p", kind=99, capacity=1)), "INVALID_ARGUMENT"),
-        ("RegisterWorker", rm.RegisterWorkerRequest(worker=rm.Worker(worker_id="", role="a", endpoint="x:1", pool="cpu")), "INVALID_ARGUMENT"),
-        ("RegisterWorker", rm.RegisterWorkerRequest(worker=rm.Worker(worker_id="w", role="a", endpoint="", pool="cpu")), "INVALID_ARGUMENT"),
-        ("RegisterWorker", rm.RegisterWorkerRequest(worker=rm.Worker(worker_id="w", role="a", endpoint="x:1", pool="cpu", ttl_seconds=-1)), "INVALID_ARGUMENT"),
-        ("RegisterWorker", rm.RegisterWorkerRequest(worker=rm.Worker(worker_id="w", role="a", endpoint="x:1", pool="nope")), "FAILED_PRECONDITION"),
+        (
+            "RegisterWorker",
+            rm.RegisterWorkerRequest(worker=rm.Worker(worker_id="", role="a", endpoint="x:1", pool="cpu")),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "RegisterWorker",
+            rm.RegisterWorkerRequest(worker=rm.Worker(worker_id="w", role="a", endpoint="", pool="cpu")),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "RegisterWorker",
+            rm.RegisterWorkerRequest(
+                worker=rm.Worker(worker_id="w", role="a", endpoint="x:1", pool="cpu", ttl_seconds=-1)
+            ),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "RegisterWorker",
+            rm.RegisterWorkerRequest(worker=rm.Worker(worker_id="w", role="a", endpoint="x:1", pool="nope")),
+            "FAILED_PRECONDITION",
+        ),
         ("Bind", rm.BindRequest(binding_id="b", role="actor", replicas=0), "INVALID_ARGUMENT"),
         ("Bind", rm.BindRequest(binding_id="", role="actor", replicas=1), "INVALID_ARGUMENT"),
-        ("Bind", rm.BindRequest(binding_id="b", role="actor", replicas=1, preferred_pool="nope"), "FAILED_PRECONDITION"),
+        (
+            "Bind",
+            rm.BindRequest(binding_id="b", role="actor", replicas=1, preferred_pool="nope"),
+            "FAILED_PRECONDITION",
+        ),
         ("Heartbeat", rm.HeartbeatRequest(worker_id=""), "INVALID_ARGUMENT"),
         ("GetBinding", rm.GetBindingRequest(binding_id="missing"), "NOT_FOUND"),
         ("SetPoolState", rm.SetPoolStateRequest(name="missing"), "NOT_FOUND"),
@@ -202,7 +251,10 @@ def test_restart_after_sigkill_serves_the_same_state(services, redis_url, channe
 def test_malformed_requests_get_clear_errors_and_change_nothing(rm_env, call, request_, code):
     _, _, stub, md = rm_env
     pool(stub, md, "cpu", K.POOL_KIND_CPU)
-    before = (stub.ListPools(rm.ListPoolsRequest(), metadata=md), stub.ListWorkers(rm.ListWorkersRequest(), metadata=md))
+    before = (
+        stub.ListPools(rm.ListPoolsRequest(), metadata=md),
+        stub.ListWorkers(rm.ListWorkersRequest(), metadata=md),
+    )
     with pytest.raises(grpc.RpcError) as exc:
         getattr(stub, call)(request_, metadata=md)
     assert exc.value.code().name == code, exc.value.details()
@@ -219,14 +271,18 @@ def test_garbage_bytes_are_rejected(rm_env, channel_factory):
     assert exc.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
 
 
-@pytest.mark.parametrize("metadata", [[], [("authorization", "Bearer wrong")], [("authorization", "test-job-token-0123456789")]])
+@pytest.mark.parametrize(
+    "metadata", [[], [("authorization", "Bearer wrong")], [("authorization", "test-job-token-0123456789")]]
+)
 def test_missing_or_wrong_token_is_unauthenticated(rm_env, metadata):
     _, _, stub, md = rm_env
     with pytest.raises(grpc.RpcError) as exc:
         stub.ListPools(rm.ListPoolsRequest(), metadata=metadata)
     assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED
     with pytest.raises(grpc.RpcError) as exc:
-        stub.RegisterPool(rm.RegisterPoolRequest(pool=rm.Pool(name="p", kind=K.POOL_KIND_CPU, capacity=1)), metadata=metadata)
+        stub.RegisterPool(
+            rm.RegisterPoolRequest(pool=rm.Pool(name="p", kind=K.POOL_KIND_CPU, capacity=1)), metadata=metadata
+        )
     assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED
     # Streaming calls are guarded too, and nothing was written.
     with pytest.raises(grpc.RpcError) as exc:
@@ -258,7 +314,9 @@ def test_watch_streams_changes_and_resumes_from_a_revision(rm_env):
     stream.cancel()
     ET = rm.ResourceEventType
     assert [e.type for e in events[:3]] == [
-        ET.RESOURCE_EVENT_TYPE_POOL_UPSERTED, ET.RESOURCE_EVENT_TYPE_WORKER_REGISTERED, ET.RESOURCE_EVENT_TYPE_BINDING_UPDATED,
+        ET.RESOURCE_EVENT_TYPE_POOL_UPSERTED,
+        ET.RESOURCE_EVENT_TYPE_WORKER_REGISTERED,
+        ET.RESOURCE_EVENT_TYPE_BINDING_UPDATED,
     ]
     revs = [e.revision for e in events]
     assert revs == sorted(revs) and len(set(revs)) == len(revs)

@@ -15,7 +15,9 @@ import pytest
 
 from rollart.discovery import resource_manager_channel
 from rollart.sdk import Cluster, ClusterError
-from rollart.v1 import common_pb2, resource_manager_pb2 as rm, resource_manager_pb2_grpc as rm_grpc
+from rollart.v1 import common_pb2
+from rollart.v1 import resource_manager_pb2 as rm
+from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 from tests.integration.sdk.workers import EchoWorker
 
 K = common_pb2.PoolKind
@@ -25,7 +27,11 @@ WORKER = "tests.integration.sdk.workers:EchoWorker"
 async def make_pools(address: str, token: str) -> None:
     ch = resource_manager_channel(address, token)
     stub = rm_grpc.ResourceManagerStub(ch)
-    for name, kind in [("gc", K.POOL_KIND_GPU_COMPUTE), ("gb", K.POOL_KIND_GPU_BANDWIDTH), ("sl", K.POOL_KIND_SERVERLESS)]:
+    for name, kind in [
+        ("gc", K.POOL_KIND_GPU_COMPUTE),
+        ("gb", K.POOL_KIND_GPU_BANDWIDTH),
+        ("sl", K.POOL_KIND_SERVERLESS),
+    ]:
         await stub.RegisterPool(rm.RegisterPoolRequest(pool=rm.Pool(name=name, kind=kind, capacity=8)))
     await ch.close()
 
@@ -34,9 +40,7 @@ def start_worker(services, rm_addr, name, pool, tags=(), ttl="0.6"):
     argv = [sys.executable, "-m", "rollart.sdk.host", "--worker", WORKER, "--pool", pool, "--worker-id", name]
     for t in tags:
         argv += ["--tag", t]
-    return services.start(
-        name, argv, ROLLART_RESOURCE_MANAGER=rm_addr, TEST_WORKER_NAME=name, ROLLART_TTL_SECONDS=ttl
-    )
+    return services.start(name, argv, ROLLART_RESOURCE_MANAGER=rm_addr, TEST_WORKER_NAME=name, ROLLART_TTL_SECONDS=ttl)
 
 
 async def wait_workers(address, token, n, role="echo"):
@@ -63,7 +67,9 @@ async def test_register_calls_every_worker_and_gathers(services, cluster_env, jo
     for i in range(3):
         start_worker(services, cluster_env, f"w{i}", "gc")
     await wait_workers(cluster_env, job_token, 3)
-    cluster = await Cluster.create(EchoWorker, binding="echo", replicas=3, resource_manager=cluster_env, token=job_token)
+    cluster = await Cluster.create(
+        EchoWorker, binding="echo", replicas=3, resource_manager=cluster_env, token=job_token
+    )
     try:
         names = await cluster.whoami()
         assert sorted(names) == ["w0", "w1", "w2"]
@@ -107,7 +113,9 @@ async def test_register_serverless_calls_the_registered_endpoint(services, clust
     )
     await wait_workers(cluster_env, job_token, 1)
     await wait_workers(cluster_env, job_token, 1, role="judge")
-    cluster = await Cluster.create(EchoWorker, binding="echo", replicas=1, resource_manager=cluster_env, token=job_token)
+    cluster = await Cluster.create(
+        EchoWorker, binding="echo", replicas=1, resource_manager=cluster_env, token=job_token
+    )
     try:
         assert await cluster.judge("four") == 4
     finally:
@@ -129,7 +137,9 @@ async def test_register_serverless_calls_the_registered_endpoint(services, clust
 async def test_sigterm_drains_in_flight_calls_then_leaves(services, cluster_env, job_token):
     proc, _ = start_worker(services, cluster_env, "w0", "gc", ttl="30")
     await wait_workers(cluster_env, job_token, 1)
-    cluster = await Cluster.create(EchoWorker, binding="echo", replicas=1, resource_manager=cluster_env, token=job_token)
+    cluster = await Cluster.create(
+        EchoWorker, binding="echo", replicas=1, resource_manager=cluster_env, token=job_token
+    )
     try:
         call = asyncio.create_task(cluster.slow(1.0))
         await asyncio.sleep(0.3)

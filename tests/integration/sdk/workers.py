@@ -7,7 +7,8 @@ import os
 
 from rollart.discovery import resource_manager_channel
 from rollart.sdk import Worker, hw_mapping, register, register_serverless
-from rollart.v1 import resource_manager_pb2 as rm, resource_manager_pb2_grpc as rm_grpc
+from rollart.v1 import resource_manager_pb2 as rm
+from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
 
 class EchoWorker(Worker):
