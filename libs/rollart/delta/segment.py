@@ -1,0 +1,270 @@
+"""Byte layout of one segment: building, framing and verified parsing (docs/delta-format.md).
+
+All integers little-endian. A segment is
+    common header | kind-specific body | CRC-32 (u32) | HMAC-SHA256 (32 bytes)
+The CRC-32 (IEEE 802.3 polynomial, zlib's) covers every byte before it and tells corruption apart from
+forgery; the HMAC (job key) covers every byte before it, CRC included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from . import dtypes as dt
+from .errors import AuthError, ChecksumError, FormatError, TruncatedError, UnsupportedVersionError
+
+MAGIC = b"RDLT"
+FORMAT_VERSION = 1
+KIND_DATA = 1
+KIND_TRAILER = 2
+DEFAULT_MAX_SEGMENT_BYTES = 4 * 1024 * 1024
+MAX_JOB_BYTES = 1024
+MAX_NAME_BYTES = 4096
+MAX_NDIM = 64
+MAX_NUMEL = 2**63  # positions must fit a signed 64-bit index
+U64_MAX = 2**64 - 1
+
+_COMMON = struct.Struct("<4sHBBIIQQH")  # magic, format, kind, flags, length, seq, version, base, job_len
+_NAME = struct.Struct("<H")
+_DT = struct.Struct("<BB")  # dtype code, ndim
+_DATA_TAIL = struct.Struct("<QIIQQQ")  # numel, part, parts, entries, index_bytes, value_bytes
+_TRAILER = struct.Struct("<IIQ32s")  # segment_count, tensor_count, total_entries, h(v)
+_CRC = struct.Struct("<I")
+MAC_BYTES = 32
+FOOTER_BYTES = _CRC.size + MAC_BYTES
+MIN_SEGMENT_BYTES = _COMMON.size + 1 + FOOTER_BYTES
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A parsed, verified segment. ``index``/``values`` locate the streams inside ``raw`` (data only)."""
+
+    raw: bytes | memoryview
+    kind: int
+    seq: int
+    job: str
+    version: int
+    base_version: int
+    # data segments
+    name: str = ""
+    dtype: dt.DType | None = None
+    shape: tuple[int, ...] = ()
+    numel: int = 0
+    part: int = 0
+    parts: int = 0
+    entries: int = 0
+    index_start: int = 0
+    index_bytes: int = 0
+    value_bytes: int = 0
+    # trailer
+    segment_count: int = 0
+    tensor_count: int = 0
+    total_entries: int = 0
+    hash: bytes = b""
+
+    @property
+    def is_trailer(self) -> bool:
+        return self.kind == KIND_TRAILER
+
+    @property
+    def index_view(self) -> memoryview:
+        return memoryview(self.raw)[self.index_start : self.index_start + self.index_bytes]
+
+    @property
+    def value_view(self) -> memoryview:
+        s = self.index_start + self.index_bytes
+        return memoryview(self.raw)[s : s + self.value_bytes]
+
+
+def mac(key: bytes, data: bytes | bytearray | memoryview) -> bytes:
+    return hmac.new(key, data, hashlib.sha256).digest()
+
+
+def _common(kind: int, length: int, seq: int, job: bytes, version: int, base_version: int) -> bytes:
+    return _COMMON.pack(MAGIC, FORMAT_VERSION, kind, 0, length, seq, version, base_version, len(job)) + job
+
+
+def data_overhead(job: bytes, name: bytes, ndim: int) -> int:
+    """Bytes of a data segment that are not index or value stream."""
+    return _COMMON.size + len(job) + _NAME.size + len(name) + _DT.size + 8 * ndim + _DATA_TAIL.size + FOOTER_BYTES
+
+
+def _seal(buf: bytearray, key: bytes) -> bytes:
+    buf += _CRC.pack(zlib.crc32(buf))
+    buf += mac(key, buf)
+    return bytes(buf)
+
+
+def build_data(
+    *,
+    key: bytes,
+    job: bytes,
+    version: int,
+    base_version: int,
+    seq: int,
+    name: bytes,
+    dtype: dt.DType,
+    shape: tuple[int, ...],
+    numel: int,
+    part: int,
+    parts: int,
+    entries: int,
+    index_stream: bytes | memoryview,
+    values: bytes | memoryview,
+) -> bytes:
+    length = data_overhead(job, name, len(shape)) + len(index_stream) + len(values)
+    if length > 0xFFFFFFFF:
+        raise ValueError("segment longer than 2^32-1 bytes")
+    buf = bytearray(_common(KIND_DATA, length, seq, job, version, base_version))
+    buf += _NAME.pack(len(name)) + name
+    buf += _DT.pack(dtype.code, len(shape)) + struct.pack(f"<{len(shape)}Q", *shape)
+    buf += _DATA_TAIL.pack(numel, part, parts, entries, len(index_stream), len(values))
+    buf += index_stream
+    buf += values
+    return _seal(buf, key)
+
+
+def build_trailer(
+    *,
+    key: bytes,
+    job: bytes,
+    version: int,
+    base_version: int,
+    segment_count: int,
+    tensor_count: int,
+    total_entries: int,
+    digest: bytes,
+) -> bytes:
+    length = _COMMON.size + len(job) + _TRAILER.size + FOOTER_BYTES
+    buf = bytearray(_common(KIND_TRAILER, length, segment_count, job, version, base_version))
+    buf += _TRAILER.pack(segment_count, tensor_count, total_entries, digest)
+    return _seal(buf, key)
+
+
+def peek_length(buf: bytes | memoryview, offset: int = 0) -> int:
+    """Length of the segment starting at ``offset``, from its header (unverified, for framing)."""
+    avail = len(buf) - offset
+    if avail < 12:
+        raise TruncatedError(f"segment header cut short at byte {offset} ({avail} bytes left)")
+    mv = memoryview(buf)
+    if bytes(mv[offset : offset + 4]) != MAGIC:
+        raise FormatError(f"bad magic at byte {offset}: {bytes(mv[offset : offset + 4])!r}")
+    (length,) = struct.unpack_from("<I", buf, offset + 8)
+    if length < MIN_SEGMENT_BYTES:
+        raise FormatError(f"segment at byte {offset} claims impossible length {length}")
+    if length > avail:
+        raise TruncatedError(f"segment at byte {offset} is {length} bytes but only {avail} remain")
+    return length
+
+
+def split(buf: bytes | memoryview) -> Iterator[memoryview]:
+    """Cut a concatenation of segments (a .dseg file) into segments, by their length fields."""
+    mv = memoryview(buf)
+    off = 0
+    while off < len(mv):
+        n = peek_length(mv, off)
+        yield mv[off : off + n]
+        off += n
+
+
+def parse(raw: bytes | memoryview, key: bytes | None) -> Segment:
+    """Verify and parse one segment (exactly one: ``raw`` must be its whole length).
+
+    Checks, in order: magic, format version, length, CRC-32 (ChecksumError), HMAC when ``key`` is given
+    (AuthError), then every field's consistency (FormatError). Bodies are not decoded here.
+    """
+    n = len(raw)
+    if n < _COMMON.size:
+        raise TruncatedError(f"segment of {n} bytes is shorter than a header")
+    magic, fmt, kind, flags, length, seq, version, base, job_len = _COMMON.unpack_from(raw, 0)
+    if magic != MAGIC:
+        raise FormatError(f"bad magic {magic!r}")
+    if fmt != FORMAT_VERSION:
+        raise UnsupportedVersionError(f"format version {fmt} (this decoder reads {FORMAT_VERSION})")
+    if length > n:
+        raise TruncatedError(f"segment {seq} is {length} bytes but only {n} arrived")
+    if length < n:
+        raise FormatError(f"{n - length} bytes after the end of segment {seq}")
+    if length < MIN_SEGMENT_BYTES:
+        raise FormatError(f"impossible segment length {length}")
+    mv = memoryview(raw)
+    (crc,) = _CRC.unpack_from(raw, n - FOOTER_BYTES)
+    if zlib.crc32(mv[: n - FOOTER_BYTES]) != crc:
+        raise ChecksumError(f"segment {seq}: CRC-32 mismatch")
+    if key is not None and not hmac.compare_digest(mac(key, mv[: n - MAC_BYTES]), bytes(mv[n - MAC_BYTES :])):
+        raise AuthError(f"segment {seq}: HMAC does not verify under the job key")
+    if flags != 0:
+        raise FormatError(f"segment {seq}: unknown flags {flags:#x}")
+    if kind not in (KIND_DATA, KIND_TRAILER):
+        raise FormatError(f"segment {seq}: unknown kind {kind}")
+    end = n - FOOTER_BYTES
+    pos = _COMMON.size
+    if not 1 <= job_len <= MAX_JOB_BYTES or pos + job_len > end:
+        raise FormatError(f"segment {seq}: bad job id length {job_len}")
+    job = _utf8(mv[pos : pos + job_len], "job id")
+    pos += job_len
+    if base >= version:
+        raise FormatError(f"segment {seq}: base version {base} is not below version {version}")
+    common = {"raw": raw, "kind": kind, "seq": seq, "job": job, "version": version, "base_version": base}
+    if kind == KIND_TRAILER:
+        if pos + _TRAILER.size != end:
+            raise FormatError("trailer has the wrong length")
+        count, tensors, total, digest = _TRAILER.unpack_from(raw, pos)
+        if count != seq:
+            raise FormatError(f"trailer sequence number {seq} != its segment count {count}")
+        return Segment(**common, segment_count=count, tensor_count=tensors, total_entries=total, hash=digest)
+    if pos + _NAME.size > end:
+        raise FormatError(f"segment {seq}: cut inside the tensor name")
+    (name_len,) = _NAME.unpack_from(raw, pos)
+    pos += _NAME.size
+    if not 1 <= name_len <= MAX_NAME_BYTES or pos + name_len + _DT.size > end:
+        raise FormatError(f"segment {seq}: bad tensor name length {name_len}")
+    name = _utf8(mv[pos : pos + name_len], "tensor name")
+    pos += name_len
+    code, ndim = _DT.unpack_from(raw, pos)
+    pos += _DT.size
+    dtype = dt.by_code(code)
+    if ndim > MAX_NDIM or pos + 8 * ndim + _DATA_TAIL.size > end:
+        raise FormatError(f"segment {seq}: bad ndim {ndim}")
+    shape = struct.unpack_from(f"<{ndim}Q", raw, pos)
+    pos += 8 * ndim
+    numel, part, parts, entries, index_bytes, value_bytes = _DATA_TAIL.unpack_from(raw, pos)
+    pos += _DATA_TAIL.size
+    prod = 1
+    for d in shape:
+        prod *= d
+    if prod != numel or not 1 <= numel <= MAX_NUMEL:
+        raise FormatError(f"segment {seq} ({name}): element count {numel} does not match shape {shape}")
+    if not 0 <= part < parts:
+        raise FormatError(f"segment {seq} ({name}): part {part} of {parts}")
+    if not 1 <= entries <= numel:
+        raise FormatError(f"segment {seq} ({name}): {entries} entries for {numel} elements")
+    if value_bytes != entries * dtype.itemsize:
+        raise FormatError(f"segment {seq} ({name}): value stream of {value_bytes} bytes for {entries} entries")
+    if not entries <= index_bytes <= entries * 10 or pos + index_bytes + value_bytes != end:
+        raise FormatError(f"segment {seq} ({name}): stream lengths do not add up to the segment length")
+    return Segment(
+        **common,
+        name=name,
+        dtype=dtype,
+        shape=tuple(shape),
+        numel=numel,
+        part=part,
+        parts=parts,
+        entries=entries,
+        index_start=pos,
+        index_bytes=index_bytes,
+        value_bytes=value_bytes,
+    )
+
+
+def _utf8(b: memoryview, what: str) -> str:
+    try:
+        return bytes(b).decode("utf-8")
+    except UnicodeDecodeError:
+        raise FormatError(f"{what} is not UTF-8") from None
