@@ -18,6 +18,7 @@ declare -A APT_FOR=(
   [node]=nodejs                  # the Node.js interop client
   [npm]=npm
   [make]=make
+  [docker-compose]=docker-compose  # validates docker-compose.yml in the tests
 )
 missing=()
 for bin in "${!APT_FOR[@]}"; do

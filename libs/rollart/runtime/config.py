@@ -1,9 +1,9 @@
 """Service configuration: a YAML file plus ROLLART_* environment overrides, validated with pydantic.
 
 Precedence (last wins): model defaults, the YAML file (``--config PATH`` or ``ROLLART_CONFIG``), environment
-variables. ``ROLLART_TLS__CERT_FILE=/x`` sets ``tls.cert_file``; values are parsed as YAML scalars so
-``ROLLART_GRACE_SECONDS=2.5`` is a float and ``ROLLART_FOO='[a, b]'`` a list. Errors name the bad key and where it
-came from, e.g. ``config key 'tls.cert_file' (from env ROLLART_TLS__CERT_FILE): file does not exist``.
+variables. ``ROLLART_TLS__CERT_FILE=/x`` sets ``tls.cert_file``; ``ROLLART_FOO='[a, b]'`` is a list; other values
+are strings that pydantic converts to the key's type. Errors name the bad key and where it came from, e.g.
+``config key 'tls.cert_file' (from env ROLLART_TLS__CERT_FILE): file does not exist``.
 """
 
 from __future__ import annotations
@@ -158,14 +158,16 @@ def _env_overrides(model: type[BaseModel], environ: Mapping[str, str]) -> tuple[
         if parts[0] not in top:
             continue  # meant for another service or tool
         path = [top[parts[0]]] + [p.lower() for p in parts[1:]]
-        try:
-            value = yaml.safe_load(raw) if raw != "" else None
-        except yaml.YAMLError:
-            value = raw
-        if isinstance(value, (dict, list)) or value is None or isinstance(value, (bool, int, float)):
-            pass
-        else:
-            value = raw  # keep strings verbatim (no YAML date/octal surprises)
+        # Lists and mappings are YAML; scalars stay strings and pydantic converts them to the field's type, so a
+        # numeric-looking token stays a string. An empty value means "unset" (None).
+        value: Any = raw
+        if raw == "":
+            value = None
+        elif raw.lstrip()[:1] in ("[", "{"):
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError:
+                value = raw
         node = out
         for key in path[:-1]:
             node = node.setdefault(key, {})

@@ -79,3 +79,8 @@ def test_bad_files_are_clear(tmp_path):
 def test_auth_can_only_be_disabled_explicitly():
     cfg = load_config(ServiceConfig, environ={"ROLLART_INSECURE_DISABLE_AUTH": "true"})
     assert cfg.insecure_disable_auth and cfg.token() is None
+
+
+def test_numeric_looking_token_stays_a_string_and_lists_parse():
+    cfg = load_config(ServiceConfig, environ={"ROLLART_JOB_TOKEN": "0123456789", "ROLLART_GRACE_SECONDS": "1e-3"})
+    assert cfg.token() == "0123456789" and cfg.grace_seconds == 0.001
