@@ -2,7 +2,8 @@
 
 Retries use gRPC's own retry policy (exponential backoff with jitter) and apply only to the methods a caller
 names as idempotent, on UNAVAILABLE (and RESOURCE_EXHAUSTED where asked): a non-idempotent call is never
-repeated behind the caller's back.
+repeated behind the caller's back. Idempotent calls also wait for a server that is not up yet (wait_for_ready),
+bounded by their deadline, so a restarting service costs its callers latency, not errors.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def retry_service_config(
     )
 
 
-def _details(details: aio.ClientCallDetails, token: str | None, timeout: float | None, span) -> aio.ClientCallDetails:
+def _details(
+    details: aio.ClientCallDetails, token: str | None, timeout: float | None, span, idempotent: tuple[str, ...] = ()
+) -> aio.ClientCallDetails:
     metadata = list(details.metadata or ())
     if token is not None and not any(k == "authorization" for k, _ in metadata):
         metadata.append(bearer(token))
@@ -72,18 +75,30 @@ def _details(details: aio.ClientCallDetails, token: str | None, timeout: float |
             telemetry.inject_metadata(metadata)
     else:
         telemetry.inject_metadata(metadata)
+    method = details.method.decode() if isinstance(details.method, bytes) else details.method
+    wait = details.wait_for_ready
+    if wait is None and idempotent and method.lstrip("/").startswith(idempotent):
+        # A call that is safe to repeat also waits for a server that is (re)starting, bounded by its deadline.
+        wait = True
     return aio.ClientCallDetails(
         method=details.method,
         timeout=details.timeout if details.timeout is not None else timeout,
         metadata=aio.Metadata(*metadata),
         credentials=details.credentials,
-        wait_for_ready=details.wait_for_ready,
+        wait_for_ready=wait,
     )
 
 
 class _Base:
-    def __init__(self, token: str | None, default_timeout: float | None, stream_timeout: float | None) -> None:
+    def __init__(
+        self,
+        token: str | None,
+        default_timeout: float | None,
+        stream_timeout: float | None,
+        idempotent: tuple[str, ...] = (),
+    ) -> None:
         self.token = token
+        self.idempotent = idempotent
         self.default_timeout = default_timeout
         self.stream_timeout = stream_timeout
         self.tracer = telemetry.tracer("rollart.client")
@@ -116,7 +131,7 @@ class _Base:
 class _UnaryUnary(_Base, aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, details, request):
         span = self._span(details)
-        call = await continuation(_details(details, self.token, self.default_timeout, span), request)
+        call = await continuation(_details(details, self.token, self.default_timeout, span, self.idempotent), request)
         self._finish(span, call)
         return call
 
@@ -124,7 +139,7 @@ class _UnaryUnary(_Base, aio.UnaryUnaryClientInterceptor):
 class _UnaryStream(_Base, aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, details, request):
         span = self._span(details)
-        call = await continuation(_details(details, self.token, self.stream_timeout, span), request)
+        call = await continuation(_details(details, self.token, self.stream_timeout, span, self.idempotent), request)
         self._finish(span, call)
         return call
 
@@ -132,7 +147,9 @@ class _UnaryStream(_Base, aio.UnaryStreamClientInterceptor):
 class _StreamUnary(_Base, aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation, details, request_iterator):
         span = self._span(details)
-        call = await continuation(_details(details, self.token, self.default_timeout, span), request_iterator)
+        call = await continuation(
+            _details(details, self.token, self.default_timeout, span, self.idempotent), request_iterator
+        )
         self._finish(span, call)
         return call
 
@@ -140,7 +157,9 @@ class _StreamUnary(_Base, aio.StreamUnaryClientInterceptor):
 class _StreamStream(_Base, aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation, details, request_iterator):
         span = self._span(details)
-        call = await continuation(_details(details, self.token, self.stream_timeout, span), request_iterator)
+        call = await continuation(
+            _details(details, self.token, self.stream_timeout, span, self.idempotent), request_iterator
+        )
         self._finish(span, call)
         return call
 
@@ -160,11 +179,13 @@ def channel(
     ``stream_timeout`` bounds response streams (watches run until cancelled when it is None: they are bounded
     by keepalive and by the caller cancelling them).
     """
+    idem = tuple(idempotent)
     interceptors = [
-        cls(token, default_timeout, stream_timeout) for cls in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)
+        cls(token, default_timeout, stream_timeout, idem)
+        for cls in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)
     ]
     opts = list(CHANNEL_OPTIONS) + list(options)
-    opts.append(("grpc.service_config", retry_service_config(idempotent)))
+    opts.append(("grpc.service_config", retry_service_config(idem)))
     creds = channel_credentials(tls)
     if creds is not None:
         if tls is not None and tls.server_name:
