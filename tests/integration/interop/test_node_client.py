@@ -10,7 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rollart.v1 import resource_manager_pb2 as rm, resource_manager_pb2_grpc as rm_grpc
+from rollart.v1 import resource_manager_pb2 as rm
+from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "interop" / "node"
 
