@@ -5,6 +5,7 @@ rollart status [--json]             health of every service of the local cluster
 rollart down                        stop it, leaving no process behind
 rollart health --address HOST:PORT  exit 0 iff the gRPC health service answers SERVING (container probes)
 rollart resources pools|workers|bindings [--json]
+rollart ledger status [--json]      versions, actors, leases and sample buffer of the job ledger
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from rollart.runtime.auth import bearer
 # Modules that are missing (a service that is not installed) are skipped; the command then explains.
 PLUGINS = [
     ("rollart.delta.cli", "add_subparsers"),
+    ("rollart.cli.ledger", "add_subparsers"),
 ]
 # Commands whose code lives in a service package that may pull torch: imported only when used.
 LAZY_COMMANDS = {

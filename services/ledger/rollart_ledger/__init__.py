@@ -1,0 +1,1 @@
+"""The RollArt Job Ledger service."""

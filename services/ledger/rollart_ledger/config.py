@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator
+
+from rollart.runtime.config import ServiceConfig
+
+JOB_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+class LedgerConfig(ServiceConfig):
+    listen: str = "127.0.0.1:50052"
+    # Redis holding the state (redis://host:port/db). Run it with AOF (appendfsync always) for durability.
+    redis_url: str = "redis://127.0.0.1:6379/1"
+    # Prefix of every key; one ledger (one job) per prefix.
+    key_prefix: str = "rollart:ledger:"
+    # Fixes the job id up front; SetJobPolicy must then name it. Empty: the first SetJobPolicy fixes it.
+    job_id: str = ""
+    # How often expired leases, silent actors and old records are swept.
+    reap_interval_seconds: float = Field(0.1, gt=0, le=10)
+    # Final leases (and their verdicts), consumed groups and departed actors are kept this long for inspection
+    # and idempotent replies, then purged.
+    lease_retention_seconds: float = Field(3600.0, ge=0)
+    actor_retention_seconds: float = Field(3600.0, ge=0)
+    # Most commands kept for WatchCommands replay, on top of the policy's command_retention.
+    command_history: int = Field(100_000, ge=100)
+    # Window over which settled work is summed into one throughput observation of an actor (tau).
+    tau_window_seconds: float = Field(5.0, gt=0)
+    # Upper bound of any server-side wait (AcquireLeases, GetBatch, AwaitStepCommitted).
+    max_wait_seconds: float = Field(600.0, gt=0)
+    # Poll period of waiting calls (changes made in this process wake them at once).
+    poll_interval_seconds: float = Field(0.1, gt=0, le=5)
+
+    @field_validator("job_id")
+    @classmethod
+    def _job(cls, value: str) -> str:
+        if value and not JOB_RE.match(value):
+            raise ValueError(f"job_id must match {JOB_RE.pattern}")
+        return value

@@ -1,0 +1,159 @@
+"""The job policy: defaults, validation, and the flat fields the Lua scripts read."""
+
+from __future__ import annotations
+
+import math
+
+from google.protobuf.duration_pb2 import Duration
+
+from rollart.v1 import common_pb2
+from rollart.v1 import ledger_pb2 as lp
+
+from .config import JOB_RE
+
+BOUNDED = common_pb2.ADMISSION_POLICY_BOUNDED
+STRICT = common_pb2.ADMISSION_POLICY_STRICT
+
+# Defaults, in the units the scripts use (ms for durations). The single source for Python and Lua.
+DEFAULTS: dict[str, float] = {
+    "adm": float(BOUNDED),
+    "alpha": 0.0,
+    "G": 8.0,
+    "R": 0.0,
+    "mult": 2.5,
+    "ttl0": 300_000.0,
+    "tmin": 5_000.0,
+    "tmax": 3_600_000.0,
+    "maxatt": 5.0,
+    "tout": 15_000.0,
+    "w": 0.3,
+    "decay": 0.5,
+    "tau0": 1000.0,
+    "cap": 0.0,
+    "ret": 3_600_000.0,
+}
+MAX_ALPHA = 1000
+MAX_GROUP = 4096
+MAX_CAPACITY = 10_000_000
+MAX_DURATION_S = 7 * 24 * 3600
+
+
+class PolicyError(ValueError):
+    """An invalid policy field; the message names it."""
+
+
+def _dur(seconds_ms: float) -> Duration:
+    d = Duration()
+    d.FromMilliseconds(int(seconds_ms))
+    return d
+
+
+def _ms(d: Duration) -> float:
+    return d.seconds * 1000.0 + d.nanos / 1e6
+
+
+def _check_duration(name: str, d: Duration) -> None:
+    if d.seconds < 0 or d.nanos < 0 or d.nanos >= 1_000_000_000:
+        raise PolicyError(f"{name} must be a non-negative duration")
+    if d.seconds > MAX_DURATION_S:
+        raise PolicyError(f"{name} must be at most {MAX_DURATION_S} s")
+
+
+def _check_fraction(name: str, x: float) -> None:
+    if math.isnan(x) or x < 0 or x > 1:
+        raise PolicyError(f"{name} must be within (0, 1] (0: the default), got {x}")
+
+
+def fill(policy: lp.JobPolicy, job_id: str) -> lp.JobPolicy:
+    """Validate ``policy`` and return a copy with every default filled in."""
+    p = lp.JobPolicy()
+    p.CopyFrom(policy)
+    if not JOB_RE.match(p.job_id or job_id or ""):
+        raise PolicyError(f"policy.job_id must match {JOB_RE.pattern}, got {p.job_id!r}")
+    p.job_id = p.job_id or job_id
+    if p.admission not in (0, STRICT, BOUNDED):
+        raise PolicyError(f"policy.admission {p.admission} is not an AdmissionPolicy")
+    if not 0 <= p.alpha <= MAX_ALPHA:
+        raise PolicyError(f"policy.alpha must be within [0, {MAX_ALPHA}], got {p.alpha}")
+    if not 0 <= p.group_size <= MAX_GROUP:
+        raise PolicyError(
+            f"policy.group_size must be within [1, {MAX_GROUP}] (0: default 8), got {p.group_size}"
+        )
+    if not 0 <= p.redundancy <= MAX_GROUP:
+        raise PolicyError(f"policy.redundancy must be within [0, {MAX_GROUP}], got {p.redundancy}")
+    m = p.lease_ttl_multiplier
+    if math.isnan(m) or (m != 0 and not 2.0 <= m <= 3.0):
+        raise PolicyError(f"policy.lease_ttl_multiplier must be within [2, 3] (0: default 2.5), got {m}")
+    for name in ("initial_lease_ttl", "min_lease_ttl", "max_lease_ttl", "actor_timeout", "command_retention"):
+        _check_duration(f"policy.{name}", getattr(p, name))
+    if not 0 <= p.max_lease_attempts <= 1000:
+        raise PolicyError(
+            f"policy.max_lease_attempts must be within [1, 1000] (0: default 5), got {p.max_lease_attempts}"
+        )
+    _check_fraction("policy.tau_ema_weight", p.tau_ema_weight)
+    _check_fraction("policy.tau_decay", p.tau_decay)
+    if math.isnan(p.initial_tau) or not 0 <= p.initial_tau <= 1e12:
+        raise PolicyError(f"policy.initial_tau must be within [0, 1e12] tokens/s, got {p.initial_tau}")
+    if not 0 <= p.buffer_capacity <= MAX_CAPACITY:
+        raise PolicyError(
+            f"policy.buffer_capacity must be within [0, {MAX_CAPACITY}], got {p.buffer_capacity}"
+        )
+
+    d = DEFAULTS
+    p.admission = p.admission or int(d["adm"])
+    p.group_size = p.group_size or int(d["G"])
+    p.lease_ttl_multiplier = p.lease_ttl_multiplier or d["mult"]
+    for name, key in (
+        ("initial_lease_ttl", "ttl0"),
+        ("min_lease_ttl", "tmin"),
+        ("max_lease_ttl", "tmax"),
+        ("actor_timeout", "tout"),
+        ("command_retention", "ret"),
+    ):
+        if not p.HasField(name) or _ms(getattr(p, name)) == 0:
+            getattr(p, name).CopyFrom(_dur(d[key]))
+    if _ms(p.min_lease_ttl) > _ms(p.max_lease_ttl):
+        raise PolicyError("policy.min_lease_ttl must not exceed policy.max_lease_ttl")
+    p.max_lease_attempts = p.max_lease_attempts or int(d["maxatt"])
+    p.tau_ema_weight = p.tau_ema_weight or d["w"]
+    p.tau_decay = p.tau_decay or d["decay"]
+    p.initial_tau = p.initial_tau or d["tau0"]
+    return p
+
+
+def defaults(job_id: str) -> lp.JobPolicy:
+    p = lp.JobPolicy(job_id=job_id or "")
+    if not job_id:
+        # No job fixed yet: fill() needs a valid id, so fill with a placeholder and blank it again.
+        out = fill(p, "unset")
+        out.job_id = ""
+        return out
+    return fill(p, job_id)
+
+
+def fields(p: lp.JobPolicy) -> dict[str, float]:
+    """The flat numbers the Lua scripts read (hash ``pol``)."""
+    return {
+        "adm": float(p.admission),
+        "alpha": float(p.alpha),
+        "G": float(p.group_size),
+        "R": float(p.redundancy),
+        "mult": p.lease_ttl_multiplier,
+        "ttl0": _ms(p.initial_lease_ttl),
+        "tmin": _ms(p.min_lease_ttl),
+        "tmax": _ms(p.max_lease_ttl),
+        "maxatt": float(p.max_lease_attempts),
+        "tout": _ms(p.actor_timeout),
+        "w": p.tau_ema_weight,
+        "decay": p.tau_decay,
+        "tau0": p.initial_tau,
+        "cap": float(p.buffer_capacity),
+        "ret": _ms(p.command_retention),
+    }
+
+
+def derived_capacity(pol: dict[str, float], holders: int, batch: int, group: int) -> int:
+    """Buffer capacity in samples: the policy's, or (alpha + 1) * max(E, B, G) -- O(alpha * E)."""
+    if pol["cap"] > 0:
+        return int(pol["cap"])
+    return int((pol["alpha"] + 1) * max(holders, batch, group))

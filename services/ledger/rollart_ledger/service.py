@@ -1,0 +1,1326 @@
+"""The Ledger gRPC service over Redis.
+
+Every state change is one atomic step in Redis: a Lua script (scripts.py) for leases, settlement, the buffer,
+actors and versions, and a WATCH/MULTI transaction around a script for step planning (its inputs are read in
+Python). Nothing is kept in this process beyond a wake-up signal for waiting calls, so several ledger handlers
+(or processes) may run at once and a restarted ledger serves the same state. docs/ledger.md has the data
+model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import redis.asyncio as aioredis
+from grpc import aio
+from prometheus_client import Counter
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError, WatchError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from rollart.runtime.telemetry import log_fields
+from rollart.v1 import common_pb2
+from rollart.v1 import ledger_pb2 as lp
+from rollart.v1 import ledger_pb2_grpc as lg
+
+from . import codec, scheduling
+from . import policy as pol
+from .config import LedgerConfig
+from .scripts import SCRIPTS, source
+
+log = logging.getLogger(__name__)
+
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/#+=-]{0,199}$")
+MAX_BATCH = 1_000_000
+MAX_PROMPTS = 10_000
+MAX_PRIORITY = 1_000_000
+CODES = {
+    "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
+    "FAILED_PRECONDITION": grpc.StatusCode.FAILED_PRECONDITION,
+    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
+    "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
+    "OUT_OF_RANGE": grpc.StatusCode.OUT_OF_RANGE,
+}
+K = lp.SubscriberKind
+
+SUBMISSIONS = Counter("rollart_ledger_submissions_total", "Submit verdicts", ["verdict"])
+LEASES_ISSUED = Counter("rollart_ledger_leases_issued_total", "Sample leases issued")
+LEASES_EXPIRED = Counter("rollart_ledger_leases_expired_total", "Sample leases expired by the reaper")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Abort(Exception):
+    """Ends the call with a status (raised below the handlers, turned into context.abort by them)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def invalid(message: str) -> Abort:
+    return Abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def precondition(message: str) -> Abort:
+    return Abort(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+
+def _check_id(name: str, value: str, required: bool = True) -> None:
+    if not value:
+        if required:
+            raise invalid(f"{name} is required")
+        return
+    if not ID_RE.match(value):
+        raise invalid(f"{name} must match {ID_RE.pattern}, got {value[:80]!r}")
+
+
+def _check_duration(name: str, d: Any) -> float:
+    if d.seconds < 0 or d.nanos < 0:
+        raise invalid(f"{name} must not be negative")
+    return codec.ms_of(d) / 1000.0
+
+
+def handler(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Maps Abort, store outages and script errors to gRPC statuses."""
+
+    @functools.wraps(fn)
+    async def run(self: "LedgerService", request: Any, context: aio.ServicerContext) -> Any:
+        try:
+            return await fn(self, request, context)
+        except Abort as exc:
+            await context.abort(exc.code, exc.message)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"ledger store unavailable: {exc}")
+
+    return run
+
+
+class _Signal:
+    """Wakes waiting calls when this process changed something (other changes are found by polling)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def current(self) -> asyncio.Event:
+        return self._event
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    @staticmethod
+    async def wait(event: asyncio.Event, timeout: float) -> None:
+        if timeout <= 0:
+            return
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
+
+
+class LedgerService(lg.LedgerServicer):
+    name = "ledger"
+    service_names = [lp.DESCRIPTOR.services_by_name["Ledger"].full_name]
+
+    def __init__(self, cfg: LedgerConfig) -> None:
+        self.cfg = cfg
+        self.redis = aioredis.from_url(cfg.redis_url)
+        self.p = cfg.key_prefix
+        self.scripts = {name: self.redis.register_script(source(name)) for name in SCRIPTS}
+        self.signal = _Signal()
+        self._reaper: asyncio.Task | None = None
+        self._last_trim = 0.0
+
+    def k(self, name: str) -> str:
+        return self.p + name
+
+    # --------------------------------------------------------------------------------------------- lifecycle
+
+    def add_to_server(self, server: aio.Server) -> None:
+        lg.add_LedgerServicer_to_server(self, server)
+
+    async def start(self) -> None:
+        await self.redis.ping()
+        for script in self.scripts.values():
+            script.sha = await self.redis.script_load(script.script)
+        if self.cfg.job_id:
+            job = await self.redis.get(self.k("job"))
+            if job is not None and job.decode() != self.cfg.job_id:
+                raise RuntimeError(
+                    f"the store under {self.p!r} belongs to job {job.decode()!r}, not {self.cfg.job_id!r}"
+                )
+        defaults = pol.defaults(self.cfg.job_id)
+        args: list[Any] = [defaults.SerializeToString()]
+        for key, value in pol.fields(defaults).items():
+            args += [key, repr(value)]
+        await self._script("ensure_policy", args)
+        self._reaper = asyncio.create_task(self._reap_loop(), name="ledger-reaper")
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            try:
+                await self._reaper
+            except asyncio.CancelledError:
+                pass
+        await self.redis.aclose()
+
+    async def _script(self, name: str, args: list[Any], now: int | None = None, client: Any = None) -> Any:
+        """Run a script; its ``CODE message`` errors become Abort."""
+        try:
+            return await self.scripts[name](keys=[self.p], args=[now or now_ms(), *args], client=client)
+        except ResponseError as exc:
+            code, _, message = str(exc).partition(" ")
+            if code in CODES:
+                raise Abort(CODES[code], message) from None
+            raise
+
+    async def _policy(self, pending: bool = False) -> dict[str, float]:
+        """The policy in force (or, with pending, the one the next PlanStep installs)."""
+        h: dict = {}
+        if pending:
+            h = await self.redis.hgetall(self.k("pol:next"))
+        if not h:
+            h = await self.redis.hgetall(self.k("pol"))
+        out = dict(pol.DEFAULTS)
+        for key, value in h.items():
+            if key != b"blob":
+                out[key.decode()] = float(value)
+        return out
+
+    # ------------------------------------------------------------------------------------------------ reaper
+
+    async def _reap_loop(self) -> None:
+        while True:
+            try:
+                await self.reap()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - store hiccup: try again next tick
+                log.exception("reap failed")
+            await asyncio.sleep(self.cfg.reap_interval_seconds)
+
+    async def reap(self) -> None:
+        expired, dead, _purged = await self._script(
+            "reap",
+            [int(self.cfg.lease_retention_seconds * 1000), int(self.cfg.actor_retention_seconds * 1000)],
+        )
+        if expired or dead:
+            LEASES_EXPIRED.inc(expired)
+            self.signal.fire()
+            if dead:
+                log.info("actors presumed dead", extra=log_fields(count=dead))
+        if time.monotonic() - self._last_trim > 1.0:
+            self._last_trim = time.monotonic()
+            await self._trim_commands()
+
+    async def _trim_commands(self) -> None:
+        policy = await self._policy()
+        cutoff = now_ms() - policy["ret"]
+        key = self.k("cmds")
+        start = "-"
+        for _ in range(10):  # bounded work per tick
+            entries = await self.redis.xrange(key, min=start, count=500)
+            if not entries:
+                break
+            fresh = next((eid for eid, f in entries if float(f.get(b"ts", b"0")) >= cutoff), None)
+            if fresh is not None:
+                await self.redis.xtrim(key, minid=fresh.decode())
+                break
+            last = entries[-1][0].decode()
+            start = "(" + last
+            await self.redis.xtrim(key, minid=f"{int(last.split('-')[0]) + 1}-0")
+        await self.redis.xtrim(key, maxlen=self.cfg.command_history, approximate=True)
+
+    # ------------------------------------------------------------------------------------------------ policy
+
+    @handler
+    async def SetJobPolicy(
+        self, request: lp.SetJobPolicyRequest, context: aio.ServicerContext
+    ) -> lp.JobPolicy:
+        if not request.HasField("policy"):
+            raise invalid("policy is required")
+        if not request.policy.job_id:
+            raise invalid("policy.job_id is required")
+        if self.cfg.job_id and request.policy.job_id != self.cfg.job_id:
+            raise precondition(f"this ledger serves job {self.cfg.job_id}, not {request.policy.job_id}")
+        try:
+            filled = pol.fill(request.policy, "")
+        except pol.PolicyError as exc:
+            raise invalid(str(exc)) from None
+        args: list[Any] = [filled.job_id, filled.SerializeToString()]
+        args.append("")
+        for key, value in pol.fields(filled).items():
+            args += [key, repr(value)]
+        await self._script("set_policy", args)
+        log.info("job policy set", extra=log_fields(job_id=filled.job_id))
+        return filled
+
+    @handler
+    async def GetJobPolicy(
+        self, request: lp.GetJobPolicyRequest, context: aio.ServicerContext
+    ) -> lp.JobPolicy:
+        blob = await self.redis.get(self.k("policy"))
+        if blob is None:
+            return pol.defaults(self.cfg.job_id)
+        return lp.JobPolicy.FromString(blob)
+
+    # ---------------------------------------------------------------------------------------------- versions
+
+    @handler
+    async def RegisterVersion(
+        self, request: lp.RegisterVersionRequest, context: aio.ServicerContext
+    ) -> lp.RegisterVersionResponse:
+        v = common_pb2.PolicyVersion()
+        v.CopyFrom(request.version)
+        if not request.HasField("version"):
+            raise invalid("version is required")
+        if v.version < 0:
+            raise invalid(f"version.version must be >= 0, got {v.version}")
+        if v.version == 0 and v.base_version == 0:
+            v.base_version = -1  # version 0 is the initial policy: it has no base
+        if v.base_version < -1 or v.base_version >= v.version:
+            raise invalid(f"version.base_version must be within [-1, {v.version - 1}], got {v.base_version}")
+        if len(v.hash) != 32:
+            raise invalid(f"version.hash must be the 32-byte SHA-256 h(v), got {len(v.hash)} bytes")
+        for name in ("checkpoint_bytes", "delta_bytes", "delta_entries"):
+            if getattr(v, name) < 0:
+                raise invalid(f"version.{name} must be >= 0")
+        if not v.HasField("created_at"):
+            v.created_at.CopyFrom(codec.ts_ms(now_ms()))
+        blob = v.SerializeToString()
+        published = lp.LedgerCommand(version_published=lp.VersionPublishedCommand(version=v))
+        created, recorded = await self._script(
+            "register_version", [v.version, v.base_version, v.hash, blob, published.SerializeToString()]
+        )
+        stored = common_pb2.PolicyVersion.FromString(recorded)
+        if not created:
+            mine = common_pb2.PolicyVersion()
+            mine.CopyFrom(v)
+            if not request.version.HasField("created_at"):
+                mine.created_at.CopyFrom(stored.created_at)
+            if mine != stored:
+                raise precondition(f"version {v.version} is already registered with different content")
+        else:
+            log.info("version registered", extra=log_fields(version=v.version, base=v.base_version))
+        return lp.RegisterVersionResponse(version=stored, created=bool(created))
+
+    @handler
+    async def GetVersion(
+        self, request: lp.GetVersionRequest, context: aio.ServicerContext
+    ) -> common_pb2.PolicyVersion:
+        number: Any = request.version
+        if request.latest:
+            number = await self.redis.get(self.k("latest"))
+            if number is None:
+                raise Abort(grpc.StatusCode.NOT_FOUND, "no version is registered yet")
+            number = number.decode()
+        elif request.version < 0:
+            raise invalid("version must be >= 0")
+        blob = await self.redis.hget(self.k("versions"), str(number))
+        if blob is None:
+            raise Abort(grpc.StatusCode.NOT_FOUND, f"version {number} is not registered")
+        return common_pb2.PolicyVersion.FromString(blob)
+
+    @handler
+    async def ListVersions(
+        self, request: lp.ListVersionsRequest, context: aio.ServicerContext
+    ) -> lp.ListVersionsResponse:
+        if request.limit < 0 or request.limit > 10_000:
+            raise invalid("limit must be within [0, 10000]")
+        if request.from_version < 0:
+            raise invalid("from_version must be >= 0")
+        hi = str(request.to_version) if request.HasField("to_version") else "+inf"
+        limit = request.limit or 100
+        return lp.ListVersionsResponse(
+            versions=await self._versions(request.from_version, hi, limit),
+            latest_version=int(await self.redis.get(self.k("latest")) or -1),
+        )
+
+    async def _versions(self, lo: Any, hi: Any, limit: int) -> list[common_pb2.PolicyVersion]:
+        numbers = await self.redis.zrevrangebyscore(self.k("vers"), hi, lo, start=0, num=limit)
+        if not numbers:
+            return []
+        blobs = await self.redis.hmget(self.k("versions"), list(reversed(numbers)))
+        return [common_pb2.PolicyVersion.FromString(b) for b in blobs if b is not None]
+
+    # ------------------------------------------------------------------------------------------------ actors
+
+    @handler
+    async def RegisterActor(
+        self, request: lp.RegisterActorRequest, context: aio.ServicerContext
+    ) -> lp.RegisterActorResponse:
+        a = request.actor
+        _check_id("actor.actor_id", a.actor_id)
+        if not a.endpoint or len(a.endpoint) > 512:
+            raise invalid("actor.endpoint is required (host:port)")
+        if len(a.region) > 128 or len(a.relay_id) > 200:
+            raise invalid("actor.region or actor.relay_id is too long")
+        if a.pd_role not in common_pb2.PdRole.values():
+            raise invalid(f"actor.pd_role {a.pd_role} is not a PdRole")
+        flat = await self._script(
+            "register_actor",
+            [a.actor_id, codec.actor_info(a), a.weights.SerializeToString(), a.region, a.relay_id],
+        )
+        policy = await self._policy()
+        log.info(
+            "actor registered", extra=log_fields(actor_id=a.actor_id, endpoint=a.endpoint, region=a.region)
+        )
+        latest = await self.redis.get(self.k("latest"))
+        return lp.RegisterActorResponse(
+            actor=codec.actor_from(codec.hdict(flat), now_ms(), policy["tout"]),
+            heartbeat_interval=codec.dur_ms(policy["tout"] / 3),
+            latest_version=int(latest) if latest is not None else -1,
+        )
+
+    @handler
+    async def ActorHeartbeat(
+        self, request: lp.ActorHeartbeatRequest, context: aio.ServicerContext
+    ) -> lp.ActorHeartbeatResponse:
+        _check_id("actor_id", request.actor_id)
+        obs = request.observed_tokens_per_s
+        if not math.isfinite(obs) or obs < 0:
+            raise invalid(f"observed_tokens_per_s must be a finite number >= 0, got {obs}")
+        if request.in_flight_requests < 0:
+            raise invalid("in_flight_requests must be >= 0")
+        if request.relay_id and not ID_RE.match(request.relay_id):
+            raise invalid("relay_id is malformed")
+        now = now_ms()
+        status, tau, seq = await self._script(
+            "heartbeat",
+            [
+                request.actor_id,
+                request.weights.SerializeToString() if request.HasField("weights") else "",
+                repr(obs),
+                request.in_flight_requests,
+                "1" if request.draining else "0",
+                request.relay_id,
+            ],
+            now=now,
+        )
+        if status != b"ok":
+            if status == b"dead":
+                self.signal.fire()
+            raise Abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"actor {request.actor_id} is not registered or was presumed dead; register again",
+            )
+        policy = await self._policy()
+        return lp.ActorHeartbeatResponse(
+            expires_at=codec.ts_ms(now + policy["tout"]), tau=float(tau), latest_command_sequence=int(seq)
+        )
+
+    @handler
+    async def LeaveActor(
+        self, request: lp.LeaveActorRequest, context: aio.ServicerContext
+    ) -> lp.LeaveActorResponse:
+        _check_id("actor_id", request.actor_id)
+        returned, unassigned = await self._script("leave_actor", [request.actor_id])
+        if returned:
+            self.signal.fire()
+        log.info("actor left", extra=log_fields(actor_id=request.actor_id, reason=request.reason[:200]))
+        return lp.LeaveActorResponse(leases_returned=returned, leases_unassigned=unassigned)
+
+    async def _actors(self, ids: list[str] | None = None) -> dict[str, lp.LedgerActor]:
+        if ids is None:
+            ids = sorted(m.decode() for m in await self.redis.smembers(self.k("actors")))
+        pipe = self.redis.pipeline(transaction=False)
+        for aid in ids:
+            pipe.hgetall(self.k("a:" + aid))
+        rows = await pipe.execute()
+        policy = await self._policy()
+        now = now_ms()
+        return {
+            aid: codec.actor_from(codec.hdict(h), now, policy["tout"])
+            for aid, h in zip(ids, rows)
+            if h.get(b"info")
+        }
+
+    @handler
+    async def GetActor(self, request: lp.GetActorRequest, context: aio.ServicerContext) -> lp.LedgerActor:
+        _check_id("actor_id", request.actor_id)
+        actors = await self._actors([request.actor_id])
+        if request.actor_id not in actors:
+            raise Abort(grpc.StatusCode.NOT_FOUND, f"no actor {request.actor_id}")
+        return actors[request.actor_id]
+
+    @handler
+    async def ListActors(
+        self, request: lp.ListActorsRequest, context: aio.ServicerContext
+    ) -> lp.ListActorsResponse:
+        actors = await self._actors()
+        live = (lp.ACTOR_LIVENESS_ALIVE, lp.ACTOR_LIVENESS_DRAINING)
+        return lp.ListActorsResponse(
+            actors=[
+                a
+                for a in actors.values()
+                if (request.include_inactive or a.liveness in live)
+                and (not request.region or a.region == request.region)
+            ]
+        )
+
+    # -------------------------------------------------------------------------------------------- scheduling
+
+    @handler
+    async def PlanStep(self, request: lp.PlanStepRequest, context: aio.ServicerContext) -> lp.StepPlan:
+        if request.step < 1:
+            raise invalid(f"step must be >= 1, got {request.step}")
+        if request.version < 0:
+            raise invalid(f"version must be >= 0, got {request.version}")
+        if not 1 <= request.batch_size <= MAX_BATCH:
+            raise invalid(f"batch_size must be within [1, {MAX_BATCH}], got {request.batch_size}")
+        for _ in range(50):
+            try:
+                plan = await self._plan_once(request)
+            except WatchError:
+                continue  # an actor or the step moved while we read: plan again on fresh state
+            return await self._fill_commits(plan)
+        raise Abort(grpc.StatusCode.ABORTED, "the ledger state kept changing while planning; retry")
+
+    async def _plan_once(self, request: lp.PlanStepRequest) -> lp.StepPlan:
+        step, v, batch = request.step, request.version, request.batch_size
+        k_plan = self.k(f"plan:{step}")
+        async with self.redis.pipeline(transaction=True) as pipe:
+            await pipe.watch(self.k("cur"), self.k("actors"), k_plan, self.k("pol"), self.k("pol:next"))
+            existing = await pipe.get(k_plan)
+            if existing is not None:
+                plan = lp.StepPlan.FromString(existing)
+                if plan.version != v:
+                    raise precondition(
+                        f"step {step} was already planned with version {plan.version}, not {v}"
+                    )
+                return plan
+            cur = codec.hdict(await pipe.hgetall(self.k("cur")))
+            if cur and step < int(cur["step"]):
+                raise precondition(f"step {step} is older than the current step {int(cur['step'])}")
+            if cur and v < int(cur["v"]):
+                raise precondition(f"version {v} is older than the current version {int(cur['v'])}")
+            vblob = await pipe.hget(self.k("versions"), str(v))
+            if vblob is None:
+                raise precondition(f"version {v} is not registered")
+            version = common_pb2.PolicyVersion.FromString(vblob)
+            ids = sorted(m.decode() for m in await pipe.smembers(self.k("actors")))
+            if ids:
+                await pipe.watch(*[self.k("a:" + a) for a in ids])
+            raw = {}
+            for aid in ids:
+                raw[aid] = codec.hdict(await pipe.hgetall(self.k("a:" + aid)))
+            policy_h = codec.hdict(await pipe.hgetall(self.k("pol:next"))) or codec.hdict(
+                await pipe.hgetall(self.k("pol"))
+            )
+            policy = dict(pol.DEFAULTS)
+            policy.update({key: float(val) for key, val in policy_h.items() if key != "blob"})
+
+            now = now_ms()
+            plan, taus, commands = self._make_plan(request, version, raw, policy, now)
+            args: list[Any] = [step, v, batch, plan.SerializeToString()]
+            args.append(len(plan.allocations))
+            for al in plan.allocations:
+                args += [al.actor_id, al.requests]
+            args.append(len(taus))
+            for aid, (tau, excl) in taus.items():
+                args += [aid, repr(tau), excl]
+            args.append(len(commands))
+            for target, kinds, ack, cmd in commands:
+                args += [target, kinds, ack, cmd.SerializeToString()]
+            pipe.multi()
+            await self._script("plan_commit", args, now=now, client=pipe)
+            await pipe.execute()
+        log.info(
+            "step planned",
+            extra=log_fields(
+                step=step,
+                version=v,
+                batch=batch,
+                allocations={a.actor_id: a.requests for a in plan.allocations},
+            ),
+        )
+        self.signal.fire()
+        return plan
+
+    def _make_plan(
+        self,
+        request: lp.PlanStepRequest,
+        version: common_pb2.PolicyVersion,
+        raw: dict[str, dict[str, bytes]],
+        policy: dict[str, float],
+        now: int,
+    ) -> tuple[lp.StepPlan, dict[str, tuple[float, int]], list[tuple[str, str, str, lp.LedgerCommand]]]:
+        step, v = request.step, request.version
+        views: dict[str, scheduling.ActorView] = {}
+        actors: dict[str, lp.LedgerActor] = {}
+        for aid, h in raw.items():
+            if not h.get("info"):
+                continue
+            a = codec.actor_from(h, now, policy["tout"])
+            if a.liveness == lp.ACTOR_LIVENESS_LEFT:
+                continue
+            actors[aid] = a
+            views[aid] = scheduling.ActorView(
+                actor_id=aid,
+                tau=a.tau,
+                alive=a.liveness in (lp.ACTOR_LIVENESS_ALIVE, lp.ACTOR_LIVENESS_DRAINING),
+                draining=a.liveness == lp.ACTOR_LIVENESS_DRAINING,
+                weights=a.weights,
+            )
+        eligible: dict[str, bool] = {}
+        excluded: dict[str, int] = {}
+        for aid, view in views.items():
+            reason, needs_commit = scheduling.classify(view, v, version.hash)
+            if reason is None:
+                eligible[aid] = needs_commit
+            else:
+                excluded[aid] = reason
+        if not eligible:
+            reasons = (
+                ", ".join(f"{a}: {lp.ExclusionReason.Name(r)}" for a, r in sorted(excluded.items())) or "none"
+            )
+            raise precondition(f"no actor is eligible for version {v} (actors: {reasons})")
+        taus = {aid: views[aid].tau for aid in eligible}
+        shares = scheduling.allocate(request.batch_size, taus)
+        deadline = (
+            request.commit_deadline if request.HasField("commit_deadline") else codec.ts_ms(now + 60_000)
+        )
+        plan = lp.StepPlan(
+            step=step,
+            version=v,
+            version_hash=version.hash,
+            batch_size=request.batch_size,
+            total_tau=sum(taus.values()),
+            planned_at=codec.ts_ms(now),
+            commit_deadline=deadline,
+        )
+        updates: dict[str, tuple[float, int]] = {}
+        commands: list[tuple[str, str, str, lp.LedgerCommand]] = []
+
+        def commit(aid: str) -> str:
+            order_id = f"commit-s{step}-v{v}-{aid}"
+            order = common_pb2.CommitOrder(
+                order_id=order_id,
+                version=v,
+                hash=version.hash,
+                base_version=v - 1,
+                step=step,
+                actor_ids=[aid],
+                issued_at=codec.ts_ms(now),
+                deadline=deadline,
+            )
+            commands.append((aid, str(K.SUBSCRIBER_KIND_ACTOR), "1", lp.LedgerCommand(commit=order)))
+            relay = actors[aid].relay_id
+            if relay:  # the relay propagates it too; the same order_id makes the second delivery a no-op
+                commands.append((relay, str(K.SUBSCRIBER_KIND_RELAY), "0", lp.LedgerCommand(commit=order)))
+            return order_id
+
+        for aid in scheduling.order(shares, taus):
+            a = actors[aid]
+            needs_commit = eligible[aid]
+            order_id = commit(aid) if needs_commit else ""
+            if shares[aid] > 0:
+                plan.allocations.append(
+                    lp.ActorAllocation(
+                        actor_id=aid,
+                        requests=shares[aid],
+                        tau=a.tau,
+                        active_version=a.weights.active_version,
+                        needs_commit=needs_commit,
+                        commit_order_id=order_id,
+                        committed=not needs_commit,
+                    )
+                )
+                updates[aid] = (a.tau, 0)
+            else:
+                # Eligible but its share rounded to zero: no decay (it was not left out for its state).
+                plan.excluded.append(
+                    lp.ExcludedActor(
+                        actor_id=aid,
+                        reason=lp.EXCLUSION_REASON_ZERO_SHARE,
+                        active_version=a.weights.active_version,
+                        tau_after=a.tau,
+                    )
+                )
+                updates[aid] = (a.tau, a.excluded_steps + 1)
+        for aid in sorted(excluded):
+            a = actors[aid]
+            tau_after = a.tau * policy["decay"]
+            updates[aid] = (tau_after, a.excluded_steps + 1)
+            plan.excluded.append(
+                lp.ExcludedActor(
+                    actor_id=aid,
+                    reason=excluded[aid],
+                    active_version=a.weights.active_version,
+                    tau_after=tau_after,
+                )
+            )
+            behind = a.weights.loaded and a.weights.active_version < v
+            if views[aid].alive and not views[aid].draining and behind:
+                # A lagging actor is asked to stage v now, so that it is eligible for a later step.
+                commands.append(
+                    (
+                        aid,
+                        str(K.SUBSCRIBER_KIND_ACTOR),
+                        "0",
+                        lp.LedgerCommand(stage_version=lp.StageVersionCommand(version=version)),
+                    )
+                )
+        plan.all_committed = all(al.committed for al in plan.allocations)
+        broadcast = f"{K.SUBSCRIBER_KIND_ROUTER},{K.SUBSCRIBER_KIND_TRAINER}"
+        commands.append(("", broadcast, "0", lp.LedgerCommand(step_planned=plan)))
+        return plan, updates, commands
+
+    async def _fill_commits(self, plan: lp.StepPlan) -> lp.StepPlan:
+        """Commit state of each allocation: acknowledged, or seen in the actor's reported active version."""
+        needing = [al for al in plan.allocations if al.needs_commit]
+        if needing:
+            orders = await self.redis.hmget(self.k("commit"), [al.commit_order_id for al in needing])
+            pipe = self.redis.pipeline(transaction=False)
+            for al in needing:
+                pipe.hget(self.k("a:" + al.actor_id), "w")
+            weights = await pipe.execute()
+            for al, state, w in zip(needing, orders, weights):
+                ws = common_pb2.ActorWeightState.FromString(w) if w else common_pb2.ActorWeightState()
+                al.committed = state == b"ok" or (ws.loaded and ws.active_version >= plan.version)
+                al.commit_error = "" if al.committed or state is None else state.decode().removeprefix("err:")
+        plan.all_committed = all(al.committed for al in plan.allocations)
+        return plan
+
+    async def _plan(self, step: int) -> lp.StepPlan:
+        if step < 0:
+            raise invalid("step must be >= 0")
+        if step == 0:
+            cur = await self.redis.hget(self.k("cur"), "step")
+            if cur is None:
+                raise Abort(grpc.StatusCode.NOT_FOUND, "no step has been planned yet")
+            step = int(cur)
+        blob = await self.redis.get(self.k(f"plan:{step}"))
+        if blob is None:
+            raise Abort(grpc.StatusCode.NOT_FOUND, f"step {step} was never planned")
+        return await self._fill_commits(lp.StepPlan.FromString(blob))
+
+    @handler
+    async def GetStepPlan(self, request: lp.GetStepPlanRequest, context: aio.ServicerContext) -> lp.StepPlan:
+        return await self._plan(request.step)
+
+    @handler
+    async def AwaitStepCommitted(
+        self, request: lp.AwaitStepCommittedRequest, context: aio.ServicerContext
+    ) -> lp.StepPlan:
+        if request.step < 1:
+            raise invalid("step must be >= 1")
+        wait = self._bounded_wait(_check_duration("wait", request.wait), context)
+        deadline = time.monotonic() + wait
+        while True:
+            plan = await self._plan(request.step)
+            remaining = deadline - time.monotonic()
+            if plan.all_committed or remaining <= 0:
+                return plan
+            await asyncio.sleep(min(remaining, self.cfg.poll_interval_seconds / 2))
+
+    def _bounded_wait(self, wait: float, context: aio.ServicerContext) -> float:
+        wait = min(wait, self.cfg.max_wait_seconds)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait = min(wait, max(remaining - 0.05, 0.0))  # answer before the caller's deadline
+        return wait
+
+    # ----------------------------------------------------------------------------------------------- commands
+
+    async def WatchCommands(
+        self, request: lp.WatchCommandsRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[lp.LedgerCommand]:
+        sub, kind = request.subscriber_id, request.kind
+        try:
+            _check_id("subscriber_id", sub)
+            if kind not in K.values() or kind == K.SUBSCRIBER_KIND_UNSPECIFIED:
+                raise invalid("kind is required (ACTOR, RELAY, HOLDER, ROUTER or TRAINER)")
+            if request.from_sequence < 0:
+                raise invalid("from_sequence must be >= 0")
+            key = self.k("cmds")
+            if request.only_new:
+                last = f"{int(await self.redis.get(self.k('cmd:seq')) or 0)}-1"
+            elif request.from_sequence > 0:
+                first = await self.redis.xrange(key, count=1)
+                if first:
+                    oldest = int(first[0][0].decode().split("-")[0])
+                    if request.from_sequence < oldest - 1:
+                        raise Abort(
+                            grpc.StatusCode.OUT_OF_RANGE,
+                            f"commands after {request.from_sequence} are no longer retained"
+                            f" (oldest {oldest}); re-read the state (GetStepPlan) and watch with only_new",
+                        )
+                last = f"{request.from_sequence}-1"
+            else:
+                last = "0-0"
+        except Abort as exc:
+            await context.abort(exc.code, exc.message)
+            return
+        conn = aioredis.from_url(self.cfg.redis_url)  # a blocking XREAD needs its own connection
+        try:
+            while True:
+                try:
+                    reply = await conn.xread({key: last}, block=1000, count=256)
+                except (RedisConnectionError, RedisTimeoutError) as exc:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"ledger store unavailable: {exc}")
+                for _stream, entries in reply or ():
+                    for entry_id, fields in entries:
+                        last = entry_id.decode()
+                        kinds = [int(x) for x in fields.get(b"k", b"").decode().split(",") if x]
+                        if codec.addressed(fields.get(b"t", b"").decode(), kinds, sub, kind):
+                            yield codec.command_from(entry_id, fields)
+        finally:
+            await conn.aclose()
+
+    @handler
+    async def AckCommand(
+        self, request: lp.AckCommandRequest, context: aio.ServicerContext
+    ) -> lp.AckCommandResponse:
+        _check_id("subscriber_id", request.subscriber_id)
+        if request.sequence < 1:
+            raise invalid("sequence must be >= 1")
+        entries = await self.redis.xrange(
+            self.k("cmds"), min=f"{request.sequence}-1", max=f"{request.sequence}-1"
+        )
+        if not entries:
+            raise Abort(
+                grpc.StatusCode.NOT_FOUND, f"command {request.sequence} is unknown or no longer retained"
+            )
+        cmd = codec.command_from(*entries[0])
+        sub = request.subscriber_id
+        if cmd.target and cmd.target != sub and not cmd.target.startswith(sub + "/"):
+            raise precondition(f"command {request.sequence} is addressed to {cmd.target}, not {sub}")
+        order_id = cmd.commit.order_id if cmd.WhichOneof("command") == "commit" else ""
+        weights = request.weights.SerializeToString() if request.HasField("weights") else ""
+        recorded = await self._script(
+            "ack_command",
+            [
+                request.subscriber_id,
+                request.sequence,
+                "1" if request.ok else "0",
+                request.error[:1000],
+                order_id,
+                weights,
+            ],
+        )
+        return lp.AckCommandResponse(recorded=bool(recorded))
+
+    # ------------------------------------------------------------------------------------------- prompt pool
+
+    @handler
+    async def AddPrompts(
+        self, request: lp.AddPromptsRequest, context: aio.ServicerContext
+    ) -> lp.AddPromptsResponse:
+        n = len(request.prompts)
+        if not 1 <= n <= MAX_PROMPTS:
+            raise invalid(f"prompts must hold 1 to {MAX_PROMPTS} prompts, got {n}")
+        if request.group_ids and len(request.group_ids) != n:
+            raise invalid(
+                f"group_ids must be empty or parallel to prompts ({n}), got {len(request.group_ids)}"
+            )
+        if not 0 <= request.group_size <= pol.MAX_GROUP:
+            raise invalid(f"group_size must be within [1, {pol.MAX_GROUP}] (0: the policy's)")
+        if request.HasField("redundancy") and not 0 <= request.redundancy <= pol.MAX_GROUP:
+            raise invalid(f"redundancy must be within [0, {pol.MAX_GROUP}]")
+        if abs(request.priority) > MAX_PRIORITY:
+            raise invalid(f"priority must be within [-{MAX_PRIORITY}, {MAX_PRIORITY}]")
+        if request.step < 0:
+            raise invalid("step must be >= 0")
+        policy = await self._policy()
+        group = request.group_size or int(policy["G"])
+        redundancy = request.redundancy if request.HasField("redundancy") else int(policy["R"])
+        args: list[Any] = [group, redundancy, request.step, request.priority, n]
+        for i, prompt in enumerate(request.prompts):
+            _check_id(f"prompts[{i}].prompt_id", prompt.prompt_id)
+            if len(prompt.task) > 256:
+                raise invalid(f"prompts[{i}].task is longer than 256 characters")
+            gid = request.group_ids[i] if request.group_ids else ""
+            _check_id(f"group_ids[{i}]", gid, required=False)
+            args += [gid, prompt.prompt_id, prompt.task, prompt.SerializeToString()]
+        out = await self._script("add_prompts", args)
+        self.signal.fire()
+        return lp.AddPromptsResponse(
+            group_ids=[g.decode() for g in out[:n]], groups_created=int(out[n]), samples_added=int(out[n + 1])
+        )
+
+    @handler
+    async def AcquireLeases(
+        self, request: lp.AcquireLeasesRequest, context: aio.ServicerContext
+    ) -> lp.AcquireLeasesResponse:
+        _check_id("holder", request.holder)
+        _check_id("group_id", request.group_id, required=False)
+        if not 0 <= request.max_leases <= 1000:
+            raise invalid(f"max_leases must be within [1, 1000] (0: 1), got {request.max_leases}")
+        if len(request.tasks) > 100 or any(len(t) > 256 for t in request.tasks):
+            raise invalid("tasks: at most 100 tags of at most 256 characters")
+        if len(request.region) > 128:
+            raise invalid("region is too long")
+        wait = self._bounded_wait(_check_duration("wait", request.wait), context)
+        deadline = time.monotonic() + wait
+        args = [request.holder, request.max_leases or 1, request.region, request.group_id, len(request.tasks)]
+        args += list(request.tasks)
+        while True:
+            event = self.signal.current()
+            out = await self._script("acquire", args)
+            status = out[0]
+            if status == b"ok":
+                leases = [codec.lease_from_row(row) for row in out[1:]]
+                LEASES_ISSUED.inc(len(leases))
+                return lp.AcquireLeasesResponse(leases=leases)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                retry = 1000 if status == b"noversion" else 250
+                return lp.AcquireLeasesResponse(retry_after=codec.dur_ms(retry))
+            await self.signal.wait(event, min(remaining, self.cfg.poll_interval_seconds))
+
+    def _lease_args(self, lease_id: str, holder: str) -> None:
+        if not lease_id or len(lease_id) > 256:
+            raise invalid("lease_id is required")
+        _check_id("holder", holder)
+
+    @handler
+    async def RenewLease(
+        self, request: lp.RenewLeaseRequest, context: aio.ServicerContext
+    ) -> lp.RenewLeaseResponse:
+        self._lease_args(request.lease_id, request.holder)
+        row = await self._script("renew", [request.lease_id, request.holder])
+        lease = codec.lease_from_row(row)
+        if lease.state == lp.LEASE_STATE_EXPIRED:
+            self.signal.fire()
+        return lp.RenewLeaseResponse(lease=lease)
+
+    @handler
+    async def ReleaseLease(self, request: lp.ReleaseLeaseRequest, context: aio.ServicerContext) -> lp.Lease:
+        self._lease_args(request.lease_id, request.holder)
+        if request.reason not in lp.ReleaseReason.values():
+            raise invalid(f"reason {request.reason} is not a ReleaseReason")
+        changed, row = await self._script(
+            "release", [request.lease_id, request.holder, request.reason or lp.RELEASE_REASON_ABANDONED]
+        )
+        if changed:
+            self.signal.fire()
+        return codec.lease_from_row(row)
+
+    @handler
+    async def CancelLeases(
+        self, request: lp.CancelLeasesRequest, context: aio.ServicerContext
+    ) -> lp.CancelLeasesResponse:
+        if not request.lease_ids and not request.group_ids:
+            raise invalid("name lease_ids or group_ids to cancel")
+        if len(request.lease_ids) + len(request.group_ids) > 10_000:
+            raise invalid("at most 10000 leases and groups per call")
+        if request.reason not in lp.CancelReason.values():
+            raise invalid(f"reason {request.reason} is not a CancelReason")
+        for i, lid in enumerate(request.lease_ids):
+            if not lid or len(lid) > 256:
+                raise invalid(f"lease_ids[{i}] is empty or too long")
+        for i, gid in enumerate(request.group_ids):
+            _check_id(f"group_ids[{i}]", gid)
+        args: list[Any] = [
+            request.reason or lp.CANCEL_REASON_MANUAL,
+            len(request.lease_ids),
+            *request.lease_ids,
+        ]
+        args += [len(request.group_ids), *request.group_ids]
+        out = await self._script("cancel", args)
+        self.signal.fire()
+        return lp.CancelLeasesResponse(cancelled_lease_ids=[x.decode() for x in out])
+
+    async def _lease(self, lease_id: str) -> lp.Lease | None:
+        h = codec.hdict(await self.redis.hgetall(self.k("l:" + lease_id)))
+        if not h:
+            return None
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(self.k("g:" + h["gid"].decode()), "prompt")
+        pipe.hget(self.k("vhash"), h["ver"].decode())
+        prompt, vhash = await pipe.execute()
+        return codec.lease_from(h, prompt or b"", vhash or b"")
+
+    @handler
+    async def GetLease(self, request: lp.GetLeaseRequest, context: aio.ServicerContext) -> lp.Lease:
+        if not request.lease_id or len(request.lease_id) > 256:
+            raise invalid("lease_id is required")
+        lease = await self._lease(request.lease_id)
+        if lease is None:
+            raise Abort(grpc.StatusCode.NOT_FOUND, f"no lease {request.lease_id}")
+        return lease
+
+    @handler
+    async def ListLeases(
+        self, request: lp.ListLeasesRequest, context: aio.ServicerContext
+    ) -> lp.ListLeasesResponse:
+        if not 0 <= request.page_size <= 1000:
+            raise invalid("page_size must be within [1, 1000] (0: 100)")
+        if any(s not in lp.LeaseState.values() for s in request.states):
+            raise invalid("states holds a value that is not a LeaseState")
+        after = 0
+        if request.page_token:
+            if not request.page_token.isdigit():
+                raise invalid("page_token is malformed")
+            after = int(request.page_token)
+        size = request.page_size or 100
+        states = {str(s).encode() for s in request.states}
+        holder = request.holder.encode()
+        group = request.group_id.encode()
+        out: list[lp.Lease] = []
+        scanned = 0
+        while len(out) < size and scanned < 50 * size:
+            ids = await self.redis.zrangebyscore(
+                self.k("leases"), f"({after}", "+inf", start=0, num=size, withscores=True
+            )
+            if not ids:
+                break
+            pipe = self.redis.pipeline(transaction=False)
+            for lid, _ in ids:
+                pipe.hgetall(self.k("l:" + lid.decode()))
+            rows = await pipe.execute()
+            for (_lid, score), h in zip(ids, rows):
+                scanned += 1
+                after = int(score)
+                if not h or (states and h[b"st"] not in states):
+                    continue
+                if (holder and h[b"holder"] != holder) or (group and h[b"gid"] != group):
+                    continue
+                out.append(codec.lease_from(codec.hdict(h), b"", b""))
+                if len(out) == size:
+                    break
+        more = await self.redis.zcount(self.k("leases"), f"({after}", "+inf")
+        next_token = str(after) if more else ""
+        await self._fill_prompts(out)
+        return lp.ListLeasesResponse(leases=out, next_page_token=next_token)
+
+    async def _fill_prompts(self, leases: list[lp.Lease]) -> None:
+        gids = sorted({le.group_id for le in leases})
+        versions = sorted({str(le.version) for le in leases})
+        if not leases:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for gid in gids:
+            pipe.hget(self.k("g:" + gid), "prompt")
+        prompts = dict(zip(gids, await pipe.execute()))
+        hashes = dict(zip(versions, await self.redis.hmget(self.k("vhash"), versions)))
+        for le in leases:
+            if prompts.get(le.group_id):
+                le.prompt.ParseFromString(prompts[le.group_id])
+            le.version_hash = hashes.get(str(le.version)) or b""
+
+    # -------------------------------------------------------------------------------------------- settlement
+
+    @handler
+    async def Submit(self, request: lp.SubmitRequest, context: aio.ServicerContext) -> lp.SubmitResponse:
+        t = request.trajectory
+        if not request.HasField("trajectory"):
+            raise invalid("trajectory is required")
+        if not t.lease_id or len(t.lease_id) > 256:
+            raise invalid("trajectory.lease_id is required")
+        _check_id("trajectory.trajectory_id", t.trajectory_id)
+        _check_id("holder", request.holder)
+        if t.lease_version < 0:
+            raise invalid(f"trajectory.lease_version must be >= 0, got {t.lease_version}")
+        if (
+            t.status not in common_pb2.TrajectoryStatus.values()
+            or t.status == common_pb2.TRAJECTORY_STATUS_UNSPECIFIED
+        ):
+            raise invalid("trajectory.status is required (OK, CANCELLED, INFRA_FAILURE or TIMEOUT)")
+        ok = t.status == common_pb2.TRAJECTORY_STATUS_OK
+        if ok and not t.turns:
+            raise invalid("trajectory.turns is required")
+        versions, problem = codec.turn_versions(t)
+        if problem:
+            raise invalid(problem)
+        if ok and not t.version_hashes:
+            raise invalid("trajectory.version_hashes is required (version -> h(v) of every version used)")
+        missing = versions - set(t.version_hashes)
+        if missing:
+            raise invalid(
+                f"trajectory.version_hashes lacks versions {sorted(missing)[:10]} used by its turns"
+            )
+        for v, h in t.version_hashes.items():
+            if v < 0 or not h or len(h) > 64:
+                raise invalid(f"trajectory.version_hashes[{v}] is malformed")
+        scored, reward = False, 0.0
+        if request.HasField("reward"):
+            if request.reward.trajectory_id and request.reward.trajectory_id != t.trajectory_id:
+                raise invalid("reward.trajectory_id names another trajectory")
+            scored, reward = True, request.reward.reward
+        elif t.scored:
+            scored, reward = True, t.reward
+        if not math.isfinite(reward):
+            raise invalid("reward must be finite")
+        work_args: list[Any] = [len(request.work)]
+        for i, w in enumerate(request.work):
+            _check_id(f"work[{i}].actor_id", w.actor_id)
+            if w.tokens < 0:
+                raise invalid(f"work[{i}].tokens must be >= 0")
+            work_args += [
+                w.actor_id,
+                w.tokens,
+                int(_check_duration(f"work[{i}].generation_time", w.generation_time) * 1000),
+            ]
+        args: list[Any] = [
+            t.lease_id,
+            t.trajectory_id,
+            request.holder,
+            t.lease_version,
+            "1" if ok else "0",
+            "1" if versions else "0",
+            min(versions) if versions else 0,
+            max(versions) if versions else 0,
+            "1" if scored else "0",
+            repr(reward),
+            t.SerializeToString(),
+            int(self.cfg.tau_window_seconds * 1000),
+            len(t.version_hashes),
+        ]
+        for v, h in t.version_hashes.items():
+            args += [v, h]
+        args += work_args
+        adm, reason, detail, dup, gc, gadm, awaiting, row = await self._script("submit", args)
+        resp = lp.SubmitResponse(
+            admitted=bool(adm),
+            reason=int(reason),
+            detail=codec.text(detail or b""),
+            duplicate=bool(dup),
+            group_complete=bool(gc),
+            group_admitted=int(gadm),
+            awaiting_reward=bool(awaiting),
+        )
+        if row:
+            resp.lease.CopyFrom(codec.lease_from_row(row))
+        SUBMISSIONS.labels(
+            "duplicate" if dup else ("admitted" if adm else lp.RejectionReason.Name(int(reason)))
+        ).inc()
+        if not dup:
+            self.signal.fire()
+        return resp
+
+    @handler
+    async def RecordReward(
+        self, request: lp.RecordRewardRequest, context: aio.ServicerContext
+    ) -> lp.RecordRewardResponse:
+        _check_id("trajectory_id", request.trajectory_id)
+        reward = request.reward.reward
+        if not request.failed:
+            if not request.HasField("reward"):
+                raise invalid("reward is required unless failed is set")
+            if request.reward.trajectory_id and request.reward.trajectory_id != request.trajectory_id:
+                raise invalid("reward.trajectory_id names another trajectory")
+            if not math.isfinite(reward):
+                raise invalid("reward must be finite")
+        recorded, value, unknown, ready = await self._script(
+            "record_reward", [request.trajectory_id, "1" if request.failed else "0", repr(reward)]
+        )
+        if recorded:
+            self.signal.fire()
+        return lp.RecordRewardResponse(
+            recorded=bool(recorded),
+            reward=float(value),
+            unknown_trajectory=bool(unknown),
+            group_ready=bool(ready),
+        )
+
+    @handler
+    async def GetBatch(self, request: lp.GetBatchRequest, context: aio.ServicerContext) -> lp.Batch:
+        if request.step < 0:
+            raise invalid("step must be >= 0")
+        if not 1 <= request.batch_size <= MAX_BATCH:
+            raise invalid(f"batch_size must be within [1, {MAX_BATCH}], got {request.batch_size}")
+        if request.current_version < 0:
+            raise invalid("current_version must be >= 0")
+        wait = self._bounded_wait(_check_duration("wait", request.wait), context)
+        started = time.monotonic()
+        deadline = started + wait
+        evicted = 0
+        while True:
+            event = self.signal.current()
+            current = request.current_version
+            if current == 0:
+                cur = await self.redis.hget(self.k("cur"), "v") or await self.redis.get(self.k("latest"))
+                current = int(cur) if cur is not None else None
+            policy = await self._policy()
+            floor = "" if current is None else str(int(current - policy["alpha"]))
+            remaining = deadline - time.monotonic()
+            partial = request.allow_partial and remaining <= 0
+            out = await self._script(
+                "get_batch", [request.step, request.batch_size, floor, "1" if partial else "0", evicted]
+            )
+            if out[0] == 1:
+                return await self._batch(request.step, out, time.monotonic() - started)
+            evicted += int(out[1])
+            if int(out[1]):
+                self.signal.fire()
+            if remaining <= 0:
+                if request.allow_partial:
+                    return lp.Batch(
+                        step=request.step,
+                        evicted=evicted,
+                        partial=True,
+                        waited=codec.dur_ms((time.monotonic() - started) * 1000),
+                    )
+                raise Abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"{int(out[2])} of {request.batch_size} samples are in complete, scored groups"
+                    f" after {wait:.1f}s",
+                )
+            await self.signal.wait(event, min(remaining, self.cfg.poll_interval_seconds))
+
+    async def _batch(self, step: int, out: list, waited: float) -> lp.Batch:
+        _, batch_id, n, minv, maxv, ev, groups, _created, partial = out
+        gids = [g for g in codec.text(groups).split(",") if g]
+        pipe = self.redis.pipeline(transaction=False)
+        for gid in gids:
+            pipe.hgetall(self.k("g:" + gid))
+        ghs = [codec.hdict(h) for h in await pipe.execute()]
+        tids: list[list[str]] = []
+        for h in ghs:
+            slots = [codec.text(h.get(f"s{i}", b"X")) for i in range(int(codec.num(h, "n")))]
+            tids.append([s[2:] for s in slots if s.startswith("D:")])
+        pipe = self.redis.pipeline(transaction=False)
+        for group in tids:
+            for tid in group:
+                pipe.hmget(self.k("s:" + tid), "blob", "rw", "idx")
+        samples = iter(await pipe.execute())
+        batch = lp.Batch(
+            batch_id=codec.text(batch_id),
+            step=step,
+            samples=int(n),
+            min_version=int(minv),
+            max_version=int(maxv),
+            evicted=int(ev),
+            waited=codec.dur_ms(waited * 1000),
+            partial=bool(int(partial)),
+        )
+        for gid, h, group in zip(gids, ghs, tids):
+            trajectories = []
+            for _tid in group:
+                blob, rw, idx = next(samples)
+                traj = common_pb2.Trajectory.FromString(blob or b"")
+                traj.reward = float(rw or 0)
+                traj.scored = True
+                trajectories.append((int(idx or 0), traj))
+            trajectories.sort(key=lambda x: x[0])
+            batch.groups.append(
+                lp.SampleGroup(
+                    group_id=gid,
+                    prompt_id=codec.text(h.get("pid", b"")),
+                    trajectories=[t for _, t in trajectories],
+                )
+            )
+        return batch
+
+    @handler
+    async def AckBatch(
+        self, request: lp.AckBatchRequest, context: aio.ServicerContext
+    ) -> lp.AckBatchResponse:
+        if request.step < 0:
+            raise invalid("step must be >= 0")
+        if not request.batch_id or len(request.batch_id) > 256:
+            raise invalid("batch_id is required")
+        released = await self._script("ack_batch", [request.step, request.batch_id])
+        if released:
+            self.signal.fire()
+        return lp.AckBatchResponse(released=int(released))
+
+    # ------------------------------------------------------------------------------------------------ status
+
+    @handler
+    async def GetStatus(
+        self, request: lp.LedgerStatusRequest, context: aio.ServicerContext
+    ) -> lp.LedgerStatus:
+        if not 0 <= request.versions_limit <= 10_000:
+            raise invalid("versions_limit must be within [0, 10000]")
+        now = now_ms()
+        pipe = self.redis.pipeline(transaction=True)  # one consistent snapshot of the counters
+        for name in ("pol", "cur", "cnt", "stats"):
+            pipe.hgetall(self.k(name))
+        for name in (
+            "latest",
+            "buf:n",
+            "buf:scored",
+            "ready:n",
+            "buf:reserved",
+            "med",
+            "ttl",
+            "cmd:seq",
+            "inflight",
+        ):
+            pipe.get(self.k(name))
+        pipe.zcard(self.k("pool"))
+        pipe.scard(self.k("gopen"))
+        pipe.zcard(self.k("ready"))
+        pipe.zrange(self.k("buf:byver"), 0, 0, withscores=True)
+        pipe.zcount(self.k("holders"), now - 60_000, "+inf")
+        pipe.zcard(self.k("active"))
+        (
+            pol_h, cur, cnt, stats, latest, buf_n, buf_scored, ready_n, reserved, med, ttl, cmd_seq,
+            _inflight, pending, open_groups, ready_groups, oldest, holders, active,
+        ) = await pipe.execute()  # fmt: skip
+        policy = dict(pol.DEFAULTS)
+        policy.update({k.decode(): float(v) for k, v in pol_h.items() if k != b"blob"})
+        cur = codec.hdict(cur)
+        batch = int(cur.get("B", 0) or 0)
+        status = lp.LedgerStatus(
+            current_step=int(cur.get("step", 0) or 0),
+            current_version=int(cur["v"]) if "v" in cur else -1,
+            latest_version=int(latest) if latest is not None else -1,
+            open_groups=open_groups,
+            latest_command_sequence=int(cmd_seq or 0),
+            server_time=codec.ts_ms(now),
+            lease_ttl=codec.dur_ms(float(ttl) if ttl is not None else policy["ttl0"]),
+        )
+        if pol_h.get(b"blob"):
+            status.policy.ParseFromString(pol_h[b"blob"])
+        if med is not None:
+            status.median_completion_time.CopyFrom(codec.dur_ms(float(med)))
+        status.versions.extend(await self._versions("-inf", "+inf", request.versions_limit or 10))
+        actors = await self._actors()
+        live = (lp.ACTOR_LIVENESS_ALIVE, lp.ACTOR_LIVENESS_DRAINING)
+        status.actors.extend(
+            a for a in actors.values() if request.include_inactive_actors or a.liveness in live
+        )
+        c = {int(k): int(v) for k, v in cnt.items()}
+        status.leases.CopyFrom(
+            lp.LeaseCounts(
+                pending=pending,
+                active=c.get(lp.LEASE_STATE_ACTIVE, 0),
+                settled=c.get(lp.LEASE_STATE_SETTLED, 0),
+                rejected=c.get(lp.LEASE_STATE_REJECTED, 0),
+                expired=c.get(lp.LEASE_STATE_EXPIRED, 0),
+                cancelled=c.get(lp.LEASE_STATE_CANCELLED, 0),
+                released=c.get(lp.LEASE_STATE_RELEASED, 0),
+            )
+        )
+        s = {k.decode(): int(v) for k, v in stats.items()}
+        status.buffer.CopyFrom(
+            lp.BufferStats(
+                samples=int(buf_n or 0),
+                scored_samples=int(buf_scored or 0),
+                ready_groups=ready_groups,
+                ready_samples=int(ready_n or 0),
+                capacity=pol.derived_capacity(policy, max(holders, active), batch, int(policy["G"])),
+                evicted_total=s.get("evicted", 0),
+                oldest_version=int(oldest[0][1]) if oldest else -1,
+                reserved_samples=int(reserved or 0),
+            )
+        )
+        status.settlement.CopyFrom(
+            lp.SettlementStats(
+                admitted=s.get("admitted", 0),
+                duplicates=s.get("dup", 0),
+                rejected={
+                    lp.RejectionReason.Name(int(k[4:])): v
+                    for k, v in s.items()
+                    if k.startswith("rej:") and int(k[4:]) in lp.RejectionReason.values()
+                },
+            )
+        )
+        return status
