@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from rollart.v1 import common_pb2 as rollart_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rollart/v1/reward.proto\x12\nrollart.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17rollart/v1/common.proto\"\x8c\x01\n\x0cScoreRequest\x12*\n\ntrajectory\x18\x01 \x01(\x0b\x32\x16.rollart.v1.Trajectory\x12$\n\x04spec\x18\x02 \x01(\x0b\x32\x16.rollart.v1.RewardSpec\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xda\x01\n\x0bScoreResult\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.rollart.v1.ScoreStatus\x12*\n\x07outcome\x18\x03 \x01(\x0b\x32\x19.rollart.v1.RewardOutcome\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0e\n\x06\x63\x61\x63hed\x18\x05 \x01(\x08\x12\x11\n\tworker_id\x18\x06 \x01(\t\x12-\n\nqueue_time\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x14\n\x12ListScorersRequest\"\xce\x01\n\nScorerInfo\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.rollart.v1.ScorerKind\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x34\n\x07options\x18\x04 \x03(\x0b\x32#.rollart.v1.ScorerInfo.OptionsEntry\x12\x11\n\tavailable\x18\x05 \x01(\x08\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\">\n\x13ListScorersResponse\x12\'\n\x07scorers\x18\x01 \x03(\x0b\x32\x16.rollart.v1.ScorerInfo\"\xe7\x01\n\x0cRewardWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12,\n\x05state\x18\x02 \x01(\x0e\x32\x1d.rollart.v1.RewardWorkerState\x12\x0e\n\x06handle\x18\x03 \x01(\t\x12\x15\n\rtrajectory_id\x18\x04 \x01(\t\x12\x0e\n\x06scored\x18\x05 \x01(\x03\x12.\n\nstarted_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0blast_active\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x19\n\x17RewardPoolStatusRequest\"\x87\x03\n\x10RewardPoolStatus\x12.\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0e\x32\x1d.rollart.v1.RewardPoolBackend\x12)\n\x07workers\x18\x02 \x03(\x0b\x32\x18.rollart.v1.RewardWorker\x12\x13\n\x0bmin_workers\x18\x03 \x01(\x05\x12\x13\n\x0bmax_workers\x18\x04 \x01(\x05\x12/\n\x0cidle_timeout\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06queued\x18\x06 \x01(\x05\x12\x11\n\tin_flight\x18\x07 \x01(\x05\x12\x14\n\x0cscored_total\x18\x08 \x01(\x03\x12\x12\n\ncache_hits\x18\t \x01(\x03\x12\x15\n\rcache_entries\x18\n \x01(\x03\x12\x11\n\tscale_ups\x18\x0b \x01(\x03\x12\x13\n\x0bscale_downs\x18\x0c \x01(\x03\x12\x31\n\rlast_scale_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"w\n\x1a\x43onfigureRewardPoolRequest\x12\x13\n\x0bmin_workers\x18\x01 \x01(\x05\x12\x13\n\x0bmax_workers\x18\x02 \x01(\x05\x12/\n\x0cidle_timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration*\x8d\x01\n\x0bScoreStatus\x12\x1c\n\x18SCORE_STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0fSCORE_STATUS_OK\x10\x01\x12\x17\n\x13SCORE_STATUS_FAILED\x10\x02\x12\x18\n\x14SCORE_STATUS_TIMEOUT\x10\x03\x12\x18\n\x14SCORE_STATUS_INVALID\x10\x04*}\n\x11RewardPoolBackend\x12#\n\x1fREWARD_POOL_BACKEND_UNSPECIFIED\x10\x00\x12\x1f\n\x1bREWARD_POOL_BACKEND_PROCESS\x10\x01\x12\"\n\x1eREWARD_POOL_BACKEND_KUBERNETES\x10\x02*\xb8\x01\n\x11RewardWorkerState\x12#\n\x1fREWARD_WORKER_STATE_UNSPECIFIED\x10\x00\x12 \n\x1cREWARD_WORKER_STATE_STARTING\x10\x01\x12\x1c\n\x18REWARD_WORKER_STATE_IDLE\x10\x02\x12\x1c\n\x18REWARD_WORKER_STATE_BUSY\x10\x03\x12 \n\x1cREWARD_WORKER_STATE_STOPPING\x10\x04\x32\x83\x03\n\x06Reward\x12:\n\x05Score\x12\x18.rollart.v1.ScoreRequest\x1a\x17.rollart.v1.ScoreResult\x12\x42\n\tScoreMany\x12\x18.rollart.v1.ScoreRequest\x1a\x17.rollart.v1.ScoreResult(\x01\x30\x01\x12N\n\x0bListScorers\x12\x1e.rollart.v1.ListScorersRequest\x1a\x1f.rollart.v1.ListScorersResponse\x12R\n\rGetPoolStatus\x12#.rollart.v1.RewardPoolStatusRequest\x1a\x1c.rollart.v1.RewardPoolStatus\x12U\n\rConfigurePool\x12&.rollart.v1.ConfigureRewardPoolRequest\x1a\x1c.rollart.v1.RewardPoolStatusB8Z6github.com/rollart/rollart/gen/go/rollart/v1;rollartv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rollart/v1/reward.proto\x12\nrollart.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17rollart/v1/common.proto\"\x8c\x01\n\x0cScoreRequest\x12*\n\ntrajectory\x18\x01 \x01(\x0b\x32\x16.rollart.v1.Trajectory\x12$\n\x04spec\x18\x02 \x01(\x0b\x32\x16.rollart.v1.RewardSpec\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x8e\x02\n\x0bScoreResult\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.rollart.v1.ScoreStatus\x12*\n\x07outcome\x18\x03 \x01(\x0b\x32\x19.rollart.v1.RewardOutcome\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0e\n\x06\x63\x61\x63hed\x18\x05 \x01(\x08\x12\x11\n\tworker_id\x18\x06 \x01(\t\x12-\n\nqueue_time\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x63\x61use\x18\x08 \x01(\t\x12\x11\n\tretryable\x18\t \x01(\x08\x12\x10\n\x08\x61ttempts\x18\n \x01(\x05\"\x14\n\x12ListScorersRequest\"\xce\x01\n\nScorerInfo\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.rollart.v1.ScorerKind\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x34\n\x07options\x18\x04 \x03(\x0b\x32#.rollart.v1.ScorerInfo.OptionsEntry\x12\x11\n\tavailable\x18\x05 \x01(\x08\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\">\n\x13ListScorersResponse\x12\'\n\x07scorers\x18\x01 \x03(\x0b\x32\x16.rollart.v1.ScorerInfo\"\xe7\x01\n\x0cRewardWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12,\n\x05state\x18\x02 \x01(\x0e\x32\x1d.rollart.v1.RewardWorkerState\x12\x0e\n\x06handle\x18\x03 \x01(\t\x12\x15\n\rtrajectory_id\x18\x04 \x01(\t\x12\x0e\n\x06scored\x18\x05 \x01(\x03\x12.\n\nstarted_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0blast_active\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x19\n\x17RewardPoolStatusRequest\"\x87\x03\n\x10RewardPoolStatus\x12.\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0e\x32\x1d.rollart.v1.RewardPoolBackend\x12)\n\x07workers\x18\x02 \x03(\x0b\x32\x18.rollart.v1.RewardWorker\x12\x13\n\x0bmin_workers\x18\x03 \x01(\x05\x12\x13\n\x0bmax_workers\x18\x04 \x01(\x05\x12/\n\x0cidle_timeout\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06queued\x18\x06 \x01(\x05\x12\x11\n\tin_flight\x18\x07 \x01(\x05\x12\x14\n\x0cscored_total\x18\x08 \x01(\x03\x12\x12\n\ncache_hits\x18\t \x01(\x03\x12\x15\n\rcache_entries\x18\n \x01(\x03\x12\x11\n\tscale_ups\x18\x0b \x01(\x03\x12\x13\n\x0bscale_downs\x18\x0c \x01(\x03\x12\x31\n\rlast_scale_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"w\n\x1a\x43onfigureRewardPoolRequest\x12\x13\n\x0bmin_workers\x18\x01 \x01(\x05\x12\x13\n\x0bmax_workers\x18\x02 \x01(\x05\x12/\n\x0cidle_timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration*\x8d\x01\n\x0bScoreStatus\x12\x1c\n\x18SCORE_STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0fSCORE_STATUS_OK\x10\x01\x12\x17\n\x13SCORE_STATUS_FAILED\x10\x02\x12\x18\n\x14SCORE_STATUS_TIMEOUT\x10\x03\x12\x18\n\x14SCORE_STATUS_INVALID\x10\x04*}\n\x11RewardPoolBackend\x12#\n\x1fREWARD_POOL_BACKEND_UNSPECIFIED\x10\x00\x12\x1f\n\x1bREWARD_POOL_BACKEND_PROCESS\x10\x01\x12\"\n\x1eREWARD_POOL_BACKEND_KUBERNETES\x10\x02*\xb8\x01\n\x11RewardWorkerState\x12#\n\x1fREWARD_WORKER_STATE_UNSPECIFIED\x10\x00\x12 \n\x1cREWARD_WORKER_STATE_STARTING\x10\x01\x12\x1c\n\x18REWARD_WORKER_STATE_IDLE\x10\x02\x12\x1c\n\x18REWARD_WORKER_STATE_BUSY\x10\x03\x12 \n\x1cREWARD_WORKER_STATE_STOPPING\x10\x04\x32\x83\x03\n\x06Reward\x12:\n\x05Score\x12\x18.rollart.v1.ScoreRequest\x1a\x17.rollart.v1.ScoreResult\x12\x42\n\tScoreMany\x12\x18.rollart.v1.ScoreRequest\x1a\x17.rollart.v1.ScoreResult(\x01\x30\x01\x12N\n\x0bListScorers\x12\x1e.rollart.v1.ListScorersRequest\x1a\x1f.rollart.v1.ListScorersResponse\x12R\n\rGetPoolStatus\x12#.rollart.v1.RewardPoolStatusRequest\x1a\x1c.rollart.v1.RewardPoolStatus\x12U\n\rConfigurePool\x12&.rollart.v1.ConfigureRewardPoolRequest\x1a\x1c.rollart.v1.RewardPoolStatusB8Z6github.com/rollart/rollart/gen/go/rollart/v1;rollartv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,32 +37,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'Z6github.com/rollart/rollart/gen/go/rollart/v1;rollartv1'
   _globals['_SCORERINFO_OPTIONSENTRY']._loaded_options = None
   _globals['_SCORERINFO_OPTIONSENTRY']._serialized_options = b'8\001'
-  _globals['_SCORESTATUS']._serialized_start=1565
-  _globals['_SCORESTATUS']._serialized_end=1706
-  _globals['_REWARDPOOLBACKEND']._serialized_start=1708
-  _globals['_REWARDPOOLBACKEND']._serialized_end=1833
-  _globals['_REWARDWORKERSTATE']._serialized_start=1836
-  _globals['_REWARDWORKERSTATE']._serialized_end=2020
+  _globals['_SCORESTATUS']._serialized_start=1617
+  _globals['_SCORESTATUS']._serialized_end=1758
+  _globals['_REWARDPOOLBACKEND']._serialized_start=1760
+  _globals['_REWARDPOOLBACKEND']._serialized_end=1885
+  _globals['_REWARDWORKERSTATE']._serialized_start=1888
+  _globals['_REWARDWORKERSTATE']._serialized_end=2072
   _globals['_SCOREREQUEST']._serialized_start=130
   _globals['_SCOREREQUEST']._serialized_end=270
   _globals['_SCORERESULT']._serialized_start=273
-  _globals['_SCORERESULT']._serialized_end=491
-  _globals['_LISTSCORERSREQUEST']._serialized_start=493
-  _globals['_LISTSCORERSREQUEST']._serialized_end=513
-  _globals['_SCORERINFO']._serialized_start=516
-  _globals['_SCORERINFO']._serialized_end=722
-  _globals['_SCORERINFO_OPTIONSENTRY']._serialized_start=676
-  _globals['_SCORERINFO_OPTIONSENTRY']._serialized_end=722
-  _globals['_LISTSCORERSRESPONSE']._serialized_start=724
-  _globals['_LISTSCORERSRESPONSE']._serialized_end=786
-  _globals['_REWARDWORKER']._serialized_start=789
-  _globals['_REWARDWORKER']._serialized_end=1020
-  _globals['_REWARDPOOLSTATUSREQUEST']._serialized_start=1022
-  _globals['_REWARDPOOLSTATUSREQUEST']._serialized_end=1047
-  _globals['_REWARDPOOLSTATUS']._serialized_start=1050
-  _globals['_REWARDPOOLSTATUS']._serialized_end=1441
-  _globals['_CONFIGUREREWARDPOOLREQUEST']._serialized_start=1443
-  _globals['_CONFIGUREREWARDPOOLREQUEST']._serialized_end=1562
-  _globals['_REWARD']._serialized_start=2023
-  _globals['_REWARD']._serialized_end=2410
+  _globals['_SCORERESULT']._serialized_end=543
+  _globals['_LISTSCORERSREQUEST']._serialized_start=545
+  _globals['_LISTSCORERSREQUEST']._serialized_end=565
+  _globals['_SCORERINFO']._serialized_start=568
+  _globals['_SCORERINFO']._serialized_end=774
+  _globals['_SCORERINFO_OPTIONSENTRY']._serialized_start=728
+  _globals['_SCORERINFO_OPTIONSENTRY']._serialized_end=774
+  _globals['_LISTSCORERSRESPONSE']._serialized_start=776
+  _globals['_LISTSCORERSRESPONSE']._serialized_end=838
+  _globals['_REWARDWORKER']._serialized_start=841
+  _globals['_REWARDWORKER']._serialized_end=1072
+  _globals['_REWARDPOOLSTATUSREQUEST']._serialized_start=1074
+  _globals['_REWARDPOOLSTATUSREQUEST']._serialized_end=1099
+  _globals['_REWARDPOOLSTATUS']._serialized_start=1102
+  _globals['_REWARDPOOLSTATUS']._serialized_end=1493
+  _globals['_CONFIGUREREWARDPOOLREQUEST']._serialized_start=1495
+  _globals['_CONFIGUREREWARDPOOLREQUEST']._serialized_end=1614
+  _globals['_REWARD']._serialized_start=2075
+  _globals['_REWARD']._serialized_end=2462
 # @@protoc_insertion_point(module_scope)

@@ -58,7 +58,7 @@ class ScoreRequest(_message.Message):
     def __init__(self, trajectory: _Optional[_Union[_common_pb2.Trajectory, _Mapping]] = ..., spec: _Optional[_Union[_common_pb2.RewardSpec, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class ScoreResult(_message.Message):
-    __slots__ = ("trajectory_id", "status", "outcome", "error", "cached", "worker_id", "queue_time")
+    __slots__ = ("trajectory_id", "status", "outcome", "error", "cached", "worker_id", "queue_time", "cause", "retryable", "attempts")
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,9 @@ class ScoreResult(_message.Message):
     CACHED_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_TIME_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     status: ScoreStatus
     outcome: _common_pb2.RewardOutcome
@@ -73,7 +76,10 @@ class ScoreResult(_message.Message):
     cached: bool
     worker_id: str
     queue_time: _duration_pb2.Duration
-    def __init__(self, trajectory_id: _Optional[str] = ..., status: _Optional[_Union[ScoreStatus, str]] = ..., outcome: _Optional[_Union[_common_pb2.RewardOutcome, _Mapping]] = ..., error: _Optional[str] = ..., cached: _Optional[bool] = ..., worker_id: _Optional[str] = ..., queue_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    cause: str
+    retryable: bool
+    attempts: int
+    def __init__(self, trajectory_id: _Optional[str] = ..., status: _Optional[_Union[ScoreStatus, str]] = ..., outcome: _Optional[_Union[_common_pb2.RewardOutcome, _Mapping]] = ..., error: _Optional[str] = ..., cached: _Optional[bool] = ..., worker_id: _Optional[str] = ..., queue_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cause: _Optional[str] = ..., retryable: _Optional[bool] = ..., attempts: _Optional[int] = ...) -> None: ...
 
 class ListScorersRequest(_message.Message):
     __slots__ = ()

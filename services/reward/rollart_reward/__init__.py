@@ -1,0 +1,1 @@
+"""RollArt reward service: stateless scorers behind an elastic worker pool."""
