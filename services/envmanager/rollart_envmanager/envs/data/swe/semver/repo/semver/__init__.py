@@ -1,0 +1,3 @@
+from .version import compare, latest, parse
+
+__all__ = ["compare", "latest", "parse"]
