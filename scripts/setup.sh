@@ -26,7 +26,7 @@ for bin in "${!APT_FOR[@]}"; do
 done
 # Libraries without a binary to look for.
 dpkg -s libibverbs1 >/dev/null 2>&1 || missing+=(libibverbs1)   # Mooncake's transfer engine links it
-[[ -x /bin/busybox ]] || missing+=(busybox-static)               # the Docker sandbox images are built FROM scratch on it
+dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)               # the Docker sandbox images are built FROM scratch on it
 command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)       # sandboxes drop to a throwaway uid
 if ((${#missing[@]})); then
   if [[ "${ROLLART_SKIP_APT:-0}" == 1 ]]; then
