@@ -74,6 +74,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     for name, info in state.get("services", {}).items():
         status = health_status(info["address"]) if pid_alive(info["pid"]) else "DEAD"
         rows.append({"service": name, "address": info["address"], "pid": info["pid"], "status": status})
+    if state.get("mooncake"):
+        mc = state["mooncake"]
+        rows.insert(
+            0,
+            {
+                "service": "mooncake",
+                "address": mc.get("address", ""),
+                "pid": mc.get("pid"),
+                "status": "RUNNING" if pid_alive(mc["pid"]) else "DEAD",
+            },
+        )
     redis_alive = pid_alive(state["redis"]["pid"]) if state.get("redis") else False
     rows.insert(
         0,

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .mooncake import mooncake_master_binary, start_mooncake_master
 from .processes import ManagedProcess, ProcessError, pid_alive, start_redis, stop_pid
 
 
@@ -33,8 +34,9 @@ class ServiceSpec:
 SERVICES: list[ServiceSpec] = [
     ServiceSpec("resource-manager", "rollart-resource-manager", redis_db=0),
     ServiceSpec("ledger", "rollart-ledger", redis_db=1),
-    ServiceSpec("relay", "rollart-relay"),
-    ServiceSpec("reward", "rollart-reward"),
+    # The relay's data endpoint (striped transport) is chosen at start and recorded from its ready file.
+    ServiceSpec("relay", "rollart-relay", extra_env=lambda st: {"ROLLART_CACHE_DIR": f"{st['state_dir']}/relay-cache"}),
+    ServiceSpec("reward", "rollart-reward", redis_db=2),  # idempotency cache: first answers survive restarts
     ServiceSpec("actor", "rollart-actor"),
     ServiceSpec("llmproxy", "rollart-llmproxy"),
     ServiceSpec("envmanager", "rollart-envmanager"),
@@ -65,6 +67,21 @@ def job_token(state_dir: Path) -> tuple[str, Path]:
     return path.read_text().strip(), path
 
 
+def job_key(state_dir: Path) -> Path:
+    """The job's segment key (HMAC of delta segments, transport handshakes): a file next to the token, 0600.
+
+    Separate from the bearer token on purpose: the token travels in every RPC's metadata, the key never
+    leaves the process that holds it.
+    """
+    path = state_dir / "job-key"
+    if not path.exists():
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(32))
+    return path
+
+
 def read_state(state_dir: Path) -> dict:
     path = state_dir / "state.json"
     if not path.exists():
@@ -85,10 +102,12 @@ def up(
     *,
     log: Callable[[str], None] = print,
     ready_timeout: float = 60.0,
+    with_mooncake: bool | None = None,
 ) -> dict:
     """Start redis and the requested services (default: every installed one). Returns the state."""
     state = read_state(state_dir)
-    if state and any(pid_alive(p["pid"]) for p in [state.get("redis", {}), *state.get("services", {}).values()] if p):
+    procs = [state.get("redis", {}), state.get("mooncake", {}), *state.get("services", {}).values()]
+    if state and any(pid_alive(p["pid"]) for p in procs if p):
         raise ProcessError(f"a cluster is already running from {state_dir} (run `rollart down` first)")
     unknown = [n for n in only or [] if n not in SERVICE_NAMES]
     if unknown:
@@ -102,6 +121,15 @@ def up(
     write_state(state_dir, state)
     log(f"redis            {redis_url}")
     try:
+        # The weight plane's Mooncake store (full-weight buckets), when the wheel is installed.
+        # Only the trainer (publisher) and actors (pullers) use it.
+        if with_mooncake is None:
+            with_mooncake = only is None or bool({"trainer", "actor"} & set(only))
+        if with_mooncake and mooncake_master_binary() is not None:
+            master = start_mooncake_master(state_dir / "mooncake")
+            state["mooncake"] = master.info()
+            write_state(state_dir, state)
+            log(f"mooncake         {master.address}  (metrics :{master.metrics_port}, pid {master.pid})")
         for spec in specs:
             script = find_script(spec.script)
             if script is None:
@@ -116,15 +144,19 @@ def up(
                     "ROLLART_LISTEN": "127.0.0.1:0",
                     "ROLLART_METRICS_LISTEN": "127.0.0.1:0",
                     "ROLLART_JOB_TOKEN_FILE": str(token_file),
+                    "ROLLART_JOB_KEY_FILE": str(job_key(state_dir)),
                     "ROLLART_READY_FILE": str(run_dir / f"{spec.name}.ready"),
                     "ROLLART_TRACING__EXPORTER": "file",
                     "ROLLART_TRACING__FILE": str(state_dir / "traces" / f"{spec.name}.jsonl"),
                 }
             )
             env.pop("ROLLART_JOB_TOKEN", None)
+            env.pop("ROLLART_JOB_KEY", None)
             rm_info = state["services"].get("resource-manager")
             if rm_info:
                 env["ROLLART_RESOURCE_MANAGER"] = rm_info["address"]
+            if state.get("mooncake"):
+                env["ROLLART_MOONCAKE_MASTER"] = state["mooncake"]["address"]
             if spec.redis_db is not None:
                 env["ROLLART_REDIS_URL"] = redis_url.rsplit("/", 1)[0] + f"/{spec.redis_db}"
             if spec.extra_env is not None:
@@ -143,6 +175,9 @@ def up(
                 "metrics_port": info.get("metrics_port"),
                 "log": str(proc.log_path),
             }
+            # Extra endpoints a service announces in its ready file (e.g. the relay's data_endpoint).
+            extra = {k: v for k, v in info.items() if k not in ("service", "address", "metrics_port", "pid")}
+            state["services"][spec.name].update(extra)
             write_state(state_dir, state)
             log(f"{spec.name:<16} {info['address']}  (metrics :{info.get('metrics_port')}, pid {proc.pid})")
     except BaseException:
@@ -162,6 +197,10 @@ def down(state_dir: Path, *, log: Callable[[str], None] = print) -> bool:
         gone = stop_pid(state["services"][name]["pid"])
         ok &= gone
         log(f"{name:<16} {'stopped' if gone else 'STILL RUNNING'}")
+    if state.get("mooncake"):
+        gone = stop_pid(state["mooncake"]["pid"])
+        ok &= gone
+        log(f"{'mooncake':<16} {'stopped' if gone else 'STILL RUNNING'}")
     if state.get("redis"):
         gone = stop_pid(state["redis"]["pid"])
         ok &= gone

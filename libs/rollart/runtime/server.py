@@ -184,7 +184,8 @@ async def serve(service: Service, cfg: ServiceConfig, stop_event: asyncio.Event 
             raise SystemExit(1) from None
     log.info("serving", extra=telemetry.log_fields(address=address, metrics_port=metrics_port, service=name))
     if cfg.ready_file is not None:
-        _write_ready(cfg.ready_file, service.name, address, metrics_port)
+        ready_info = getattr(service, "ready_info", None)  # optional extra fields, e.g. a data endpoint
+        _write_ready(cfg.ready_file, service.name, address, metrics_port, ready_info() if ready_info else None)
 
     stop_event = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -194,18 +195,23 @@ async def serve(service: Service, cfg: ServiceConfig, stop_event: asyncio.Event 
 
     log.info("draining", extra=telemetry.log_fields(grace_seconds=cfg.grace_seconds))
     await health_servicer.enter_graceful_shutdown()
+    on_draining = getattr(service, "on_draining", None)  # optional: end endless streams (watches) promptly
+    if on_draining is not None:
+        await on_draining()
     await server.stop(cfg.grace_seconds)
     await service.stop()
     telemetry.shutdown_tracing()
     log.info("stopped")
 
 
-def _write_ready(path: Path, service: str, address: str, metrics_port: int | None) -> None:
+def _write_ready(
+    path: Path, service: str, address: str, metrics_port: int | None, extra: dict[str, Any] | None = None
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(
-        json.dumps({"service": service, "address": address, "metrics_port": metrics_port, "pid": os.getpid()})
-    )
+    info = {"service": service, "address": address, "metrics_port": metrics_port, "pid": os.getpid()}
+    info.update(extra or {})
+    tmp.write_text(json.dumps(info))
     tmp.replace(path)  # atomic: a reader never sees half a file
 
 

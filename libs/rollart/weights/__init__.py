@@ -1,0 +1,13 @@
+"""The weight plane: how version ``v`` of the policy gets from the trainer to every actor.
+
+Modules (import them directly; this package imports nothing eagerly, so each stays usable alone):
+
+- ``transport``: striped, authenticated TCP transport of delta segments (resume after drops).
+- ``hub``: the per-version segment buffers, bounded disk cache, subscribers, events and commit fan-out
+  shared by the relay service and the trainer's publisher.
+- ``relay_api``: the ``rollart.v1.Relay`` gRPC servicer over a hub.
+- ``follower``: follows a relay-like source (events, striped pulls, failover to fallbacks).
+- ``subscriber``: stages ``D_v`` per version, commits at a safe point, bootstraps joiners.
+- ``publisher``: publishes a version (full checkpoint every K, the delta stream, buckets).
+- ``checkpoint_store``, ``buckets``: full checkpoints and Mooncake buckets.
+"""
