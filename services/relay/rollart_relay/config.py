@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from rollart.runtime.config import ServiceConfig, StrictModel, _check_address
+
+JOB_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+class UpstreamConfig(StrictModel):
+    # trainer: the trainer pushes to this relay's data endpoint (nothing to dial). relay: follow another relay.
+    kind: Literal["trainer", "relay"] = "trainer"
+    # gRPC endpoint of the upstream relay (kind relay).
+    endpoint: str | None = None
+    # Tried in order when the upstream fails (peer relays, the trainer's gRPC endpoint).
+    fallbacks: list[str] = []
+    # Parallel TCP streams S asked from the upstream (0: the relay's `streams`).
+    streams: int = Field(0, ge=0, le=64)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _ep(cls, value: str | None) -> str | None:
+        return None if value is None else _check_address(value)
+
+    @field_validator("fallbacks")
+    @classmethod
+    def _fbs(cls, value: list[str]) -> list[str]:
+        return [_check_address(v) for v in value]
+
+    @model_validator(mode="after")
+    def _needs_endpoint(self) -> "UpstreamConfig":
+        if self.kind == "relay" and not self.endpoint:
+            raise ValueError("upstream.endpoint is required when upstream.kind is relay")
+        return self
+
+
+class RelayConfig(ServiceConfig):
+    listen: str = "127.0.0.1:50053"
+    # Striped-transport listener (segments in from the trainer, out to pull-mode subscribers); port 0 picks one.
+    data_listen: str = "127.0.0.1:0"
+    # Address announced to subscribers and in the ready file (default: the bound data_listen).
+    data_advertise: str | None = None
+    # The job this relay serves and its segment key (HMAC of every segment, transport handshakes).
+    job_id: str = "default"
+    job_key: SecretStr | None = None
+    job_key_file: Path | None = None
+    relay_id: str | None = None
+    region: str = "local"
+    # Disk cache of complete deltas (catch-up, restarts). None: a private temporary directory.
+    cache_dir: Path | None = None
+    cache_capacity_bytes: int = Field(4 << 30, ge=1 << 20)
+    cache_max_versions: int = Field(64, ge=1)
+    # Complete deltas also kept in memory (older ones are read from disk).
+    memory_versions: int = Field(2, ge=0)
+    # Default parallel TCP streams S towards subscribers.
+    streams: int = Field(4, ge=1, le=64)
+    # cut_through: forward every segment the moment it arrives; store_and_forward: only complete deltas
+    # (the benchmark's baseline).
+    forward_mode: Literal["cut_through", "store_and_forward"] = "cut_through"
+    upstream: UpstreamConfig = UpstreamConfig()
+    # gRPC endpoints announced to subscribers when this relay drains (peers, the trainer).
+    alternatives: list[str] = []
+    subscriber_ttl_seconds: float = Field(30.0, gt=0)
+    # A dropped stripe must be re-dialled within this long, and a transfer may stall at most idle_timeout.
+    reconnect_timeout_seconds: float = Field(10.0, gt=0)
+    idle_timeout_seconds: float = Field(60.0, gt=0)
+    # How long a pull for a version not yet here waits for its first segment.
+    pull_wait_seconds: float = Field(5.0, ge=0)
+
+    @field_validator("data_listen")
+    @classmethod
+    def _data(cls, value: str) -> str:
+        return _check_address(value)
+
+    @field_validator("job_id")
+    @classmethod
+    def _job(cls, value: str) -> str:
+        if not JOB_RE.match(value):
+            raise ValueError(f"job_id must match {JOB_RE.pattern}")
+        return value
+
+    @field_validator("job_key_file")
+    @classmethod
+    def _key_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"file does not exist: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _key(self) -> "RelayConfig":
+        if self.key() is None:
+            raise ValueError("job_key is required (set job_key, job_key_file, ROLLART_JOB_KEY or ROLLART_JOB_KEY_FILE)")
+        return self
+
+    def key(self) -> bytes | None:
+        """The segment key: raw bytes (a key file's surrounding ASCII whitespace is removed, as in the CLI)."""
+        if self.job_key is not None:
+            return self.job_key.get_secret_value().encode("utf-8") or None
+        if self.job_key_file is not None:
+            return self.job_key_file.read_bytes().strip() or None
+        return None
