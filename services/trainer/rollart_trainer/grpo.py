@@ -1,0 +1,882 @@
+"""GRPO on PyTorch: advantages, packing, the clipped token-level loss, and the training backends' interface.
+
+One step over a batch of scored trajectories (``TrainBatch``):
+
+1. **Advantages**, per GRPO group (all samples of one group id): ``A = (r - mean) / (std + eps)`` with the
+   group's sample standard deviation (Bessel-corrected), or ``A = r - mean`` when std normalisation is
+   off. A group whose rewards are all equal (std 0, a single-sample group included) gets ``A = 0``
+   exactly: it carries no preference, and dividing its rounding noise by ``eps`` would invent one. Its
+   agent tokens still count in the loss's token denominator, as if they had been trained on with a zero
+   advantage (which is what they contribute), so skipping their forward pass when there is no KL term
+   changes nothing but the compute spent.
+2. **Packing**: a trajectory is one token stream, the prompt then, turn by turn, the observation tokens
+   (environment) and the action tokens (agent). Streams are truncated to ``max_seq_len``, split into
+   micro-batches (``micro_batch_size`` samples each, longest first) and packed first-fit-decreasing into
+   rows; position ids restart at 0 for every stream, which makes transformers build a block-diagonal
+   causal mask (and makes flash-attention kernels use variable-length attention), so streams in one row
+   never see each other. Only the positions that predict an agent token are projected through
+   ``lm_head``: environment tokens and padding never reach the loss.
+3. **Loss**, per agent token ``t`` with behaviour logprob ``b_t`` (recorded by the actor) and current
+   logprob ``l_t``: ratio ``ρ = exp(l_t − b_t)``, ``pg = −min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A)``, plus
+   ``kl_coef · k3`` with ``k3 = exp(ref − l) − (ref − l) − 1`` against a frozen reference (the initial
+   policy) when ``kl_coef > 0``. The step's loss is the sum over every agent token of the batch divided by
+   their count (token-level mean over the whole batch), so gradient accumulation over micro-batches gives
+   exactly the full-batch gradient.
+4. **Update**: gradients accumulated over the micro-batches, global-norm clipping, AdamW (weight decay on
+   matrices only), ``epochs_per_batch`` optimizer steps per batch (one full pass each).
+
+The backends (``TorchBackend`` here, ``FSDP2Backend`` in :mod:`rollart_trainer.fsdp`) share this code;
+they differ in how parameters live (one device vs sharded DTensors) and in how work is split over ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from rollart.delta import WeightSet
+
+from .policy import BF16, Policy
+
+log = logging.getLogger(__name__)
+
+# exp() of a log-ratio beyond this overflows nothing but carries no information either.
+_MAX_LOG_RATIO = 20.0
+
+
+# ====================================================================================================
+# Settings
+# ====================================================================================================
+
+
+@dataclass
+class GrpoSettings:
+    """GRPO hyper-parameters (the proto's ``GrpoConfig`` plus a few options)."""
+
+    learning_rate: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    warmup_steps: int = 0  # linear learning-rate warm-up over this many optimizer steps
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    kl_coef: float = 0.0
+    max_grad_norm: float = 1.0  # 0: no clipping (the norm is still measured)
+    normalize_advantage_std: bool = True
+    advantage_eps: float = 1e-6
+    micro_batch_size: int = 0  # samples per micro-batch (0: the whole batch in one)
+    epochs_per_batch: int = 1
+    max_seq_len: int = 0  # 0: no truncation
+    row_tokens: int = 0  # packed row capacity (0: the longest stream of the micro-batch)
+    temperature: float = 1.0  # the actor's sampling temperature, if its logprobs are of logits / T
+    pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not (0 <= self.clip_eps_low < 1) or self.clip_eps_high < 0:
+            raise ValueError("clip_eps_low must be in [0, 1) and clip_eps_high >= 0")
+        if self.kl_coef < 0 or self.max_grad_norm < 0 or self.weight_decay < 0:
+            raise ValueError("kl_coef, max_grad_norm and weight_decay must be >= 0")
+        if self.micro_batch_size < 0 or self.epochs_per_batch < 1 or self.max_seq_len < 0 or self.row_tokens < 0:
+            raise ValueError("micro_batch_size/max_seq_len/row_tokens must be >= 0, epochs_per_batch >= 1")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0")
+
+    @classmethod
+    def from_job_spec(cls, spec: Any) -> GrpoSettings:
+        """From a ``rollart.v1.TrainerJobSpec`` (its ``grpo`` and ``options``)."""
+        return cls.from_proto(spec.grpo, spec.options)
+
+    @classmethod
+    def from_proto(cls, grpo: Any, options: Mapping[str, str] | None = None) -> GrpoSettings:
+        """From ``rollart.v1.GrpoConfig`` (zero fields take the defaults above, except ``max_grad_norm``,
+        ``weight_decay`` and ``kl_coef`` whose 0 means none, and ``normalize_advantage_std`` taken as is)
+        and the job spec's ``options`` (``grpo.temperature``, ``grpo.warmup_steps``, ``grpo.row_tokens``,
+        ``grpo.adam_beta1``, ``grpo.adam_beta2``, ``grpo.advantage_eps``, ``grpo.pad_token_id``)."""
+        d = cls()
+        opts = dict(options or {})
+
+        def opt(name: str, conv: Any, default: Any) -> Any:
+            raw = opts.get(f"grpo.{name}")
+            if raw is None or raw == "":
+                return default
+            try:
+                return conv(raw)
+            except ValueError:
+                raise ValueError(f"option grpo.{name}={raw!r} is not a valid {conv.__name__}") from None
+
+        return cls(
+            learning_rate=grpo.learning_rate or d.learning_rate,
+            weight_decay=grpo.weight_decay,
+            betas=(opt("adam_beta1", float, d.betas[0]), opt("adam_beta2", float, d.betas[1])),
+            warmup_steps=opt("warmup_steps", int, d.warmup_steps),
+            clip_eps_low=grpo.clip_eps_low or d.clip_eps_low,
+            clip_eps_high=grpo.clip_eps_high or d.clip_eps_high,
+            kl_coef=grpo.kl_coef,
+            max_grad_norm=grpo.max_grad_norm,
+            normalize_advantage_std=grpo.normalize_advantage_std,
+            advantage_eps=opt("advantage_eps", float, d.advantage_eps),
+            micro_batch_size=grpo.micro_batch_size,
+            epochs_per_batch=grpo.epochs_per_batch or 1,
+            max_seq_len=grpo.max_seq_len,
+            row_tokens=opt("row_tokens", int, d.row_tokens),
+            temperature=opt("temperature", float, d.temperature),
+            pad_token_id=opt("pad_token_id", int, d.pad_token_id),
+        )
+
+
+# ====================================================================================================
+# Batches
+# ====================================================================================================
+
+
+@dataclass
+class TurnTokens:
+    """One turn: the environment's observation tokens, then the agent's action tokens."""
+
+    observation_ids: Sequence[int]
+    action_ids: Sequence[int]
+    action_logprobs: Sequence[float]  # behaviour logprob of every action token
+    action_versions: Sequence[int] = ()  # policy version of every action token (empty: unknown)
+
+
+@dataclass
+class Sample:
+    """One scored trajectory as the trainer sees it."""
+
+    prompt_ids: Sequence[int]
+    turns: Sequence[TurnTokens]
+    reward: float
+    group_id: str
+    sample_id: str = ""
+
+    @classmethod
+    def from_proto(cls, traj: Any) -> Sample:
+        """From ``rollart.v1.Trajectory`` (must be scored)."""
+        if not traj.scored:
+            raise ValueError(f"trajectory {traj.trajectory_id!r} is not scored")
+        turns = [
+            TurnTokens(t.observation_token_ids, t.action_token_ids, t.action_logprobs, t.action_versions)
+            for t in traj.turns
+        ]
+        return cls(traj.prompt_token_ids, turns, float(traj.reward), traj.group_id, traj.trajectory_id)
+
+
+@dataclass
+class TrainBatch:
+    """A batch of complete GRPO groups (what the ledger's ``GetBatch`` returns)."""
+
+    samples: list[Sample]
+    batch_id: str = ""
+    policy_version: int | None = None  # the version the policy is at (for staleness metrics)
+
+    @classmethod
+    def from_trajectories(
+        cls, trajectories: Iterable[Any], batch_id: str = "", policy_version: int | None = None
+    ) -> TrainBatch:
+        return cls([Sample.from_proto(t) for t in trajectories], batch_id, policy_version)
+
+
+@dataclass
+class TokenStream:
+    """A sample flattened: token ids and, per token, whether the agent produced it."""
+
+    ids: np.ndarray  # int64 [n]
+    action: np.ndarray  # bool [n]
+    behaviour_logp: np.ndarray  # float32 [n] (0 on environment tokens)
+    versions: np.ndarray  # int64 [n] (-1 on environment tokens and where unknown)
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    @property
+    def loss_positions(self) -> np.ndarray:
+        """Positions of agent tokens that have a predecessor (a stream's first token is never predicted)."""
+        pos = np.flatnonzero(self.action)
+        return pos[pos >= 1]
+
+
+def flatten_sample(sample: Sample, max_len: int = 0) -> TokenStream:
+    """prompt, then per turn observation then action tokens; truncated to ``max_len`` (0: no limit)."""
+    ids: list[np.ndarray] = [np.asarray(sample.prompt_ids, dtype=np.int64)]
+    action: list[np.ndarray] = [np.zeros(len(ids[0]), dtype=bool)]
+    blp: list[np.ndarray] = [np.zeros(len(ids[0]), dtype=np.float32)]
+    ver: list[np.ndarray] = [np.full(len(ids[0]), -1, dtype=np.int64)]
+    for k, turn in enumerate(sample.turns):
+        obs = np.asarray(turn.observation_ids, dtype=np.int64)
+        act = np.asarray(turn.action_ids, dtype=np.int64)
+        lp = np.asarray(turn.action_logprobs, dtype=np.float32)
+        if lp.size != act.size:
+            raise ValueError(
+                f"sample {sample.sample_id!r} turn {k}: {lp.size} behaviour logprobs for {act.size} action tokens"
+            )
+        if not np.all(np.isfinite(lp)):
+            raise ValueError(f"sample {sample.sample_id!r} turn {k}: non-finite behaviour logprob")
+        vs = np.asarray(turn.action_versions, dtype=np.int64)
+        if vs.size == 0:
+            vs = np.full(act.size, -1, dtype=np.int64)
+        elif vs.size != act.size:
+            raise ValueError(f"sample {sample.sample_id!r} turn {k}: {vs.size} versions for {act.size} action tokens")
+        ids += [obs, act]
+        action += [np.zeros(obs.size, dtype=bool), np.ones(act.size, dtype=bool)]
+        blp += [np.zeros(obs.size, dtype=np.float32), lp]
+        ver += [np.full(obs.size, -1, dtype=np.int64), vs]
+    stream = TokenStream(np.concatenate(ids), np.concatenate(action), np.concatenate(blp), np.concatenate(ver))
+    if max_len and len(stream) > max_len:
+        stream = TokenStream(
+            stream.ids[:max_len], stream.action[:max_len], stream.behaviour_logp[:max_len], stream.versions[:max_len]
+        )
+    return stream
+
+
+# ====================================================================================================
+# Advantages
+# ====================================================================================================
+
+
+def group_indices(group_ids: Sequence[str]) -> np.ndarray:
+    """Dense group index per sample (first appearance order)."""
+    index: dict[str, int] = {}
+    return np.fromiter((index.setdefault(g, len(index)) for g in group_ids), dtype=np.int64, count=len(group_ids))
+
+
+def group_advantages(
+    rewards: torch.Tensor, groups: torch.Tensor, *, normalize_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """Per-sample GRPO advantages (see the module docstring); ``groups`` are dense indices."""
+    rewards = rewards.to(torch.float64)
+    n = int(groups.max()) + 1 if groups.numel() else 0
+    count = torch.bincount(groups, minlength=n).to(torch.float64)
+    mean = torch.zeros(n, dtype=torch.float64).index_add_(0, groups, rewards) / count.clamp(min=1)
+    dev = rewards - mean[groups]
+    hi = torch.full((n,), -math.inf, dtype=torch.float64).scatter_reduce(0, groups, rewards, "amax")
+    lo = torch.full((n,), math.inf, dtype=torch.float64).scatter_reduce(0, groups, rewards, "amin")
+    flat = hi == lo  # all rewards equal (singletons included): no preference inside the group
+    if normalize_std:
+        var = torch.zeros(n, dtype=torch.float64).index_add_(0, groups, dev * dev) / (count - 1).clamp(min=1)
+        adv = dev / (var.sqrt()[groups] + eps)
+    else:
+        adv = dev
+    return torch.where(flat[groups], torch.zeros_like(adv), adv)
+
+
+# ====================================================================================================
+# Loss
+# ====================================================================================================
+
+
+@dataclass
+class TokenLoss:
+    loss: torch.Tensor  # per token, differentiable: pg + kl_coef * kl
+    pg: torch.Tensor  # per token policy-gradient term
+    kl: torch.Tensor | None  # per token k3 to the reference (None without one)
+    ratio: torch.Tensor  # per token importance ratio (detached)
+    clipped: torch.Tensor  # bool per token: the clipped term was chosen (no gradient through the ratio)
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(π‖ref) per token sampled from π: exp(d) − d − 1 with d = ref − logp
+    (unbiased, always ≥ 0)."""
+    d = (ref_logp - logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return torch.expm1(d) - d
+
+
+def grpo_token_loss(
+    logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_eps_low: float,
+    clip_eps_high: float,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> TokenLoss:
+    """The clipped importance-ratio surrogate per token (PPO-style, asymmetric clip range)."""
+    log_ratio = (logp - behaviour_logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages
+    pg = -torch.minimum(unclipped, clipped)
+    loss = pg
+    kl = None
+    if ref_logp is not None:
+        kl = k3_kl(logp, ref_logp)
+        if kl_coef:
+            loss = pg + kl_coef * kl
+    return TokenLoss(loss, pg, kl, ratio.detach(), (clipped < unclipped).detach())
+
+
+# ====================================================================================================
+# Packing
+# ====================================================================================================
+
+
+@dataclass
+class MicroBatch:
+    """Packed rows and the agent tokens to score in them."""
+
+    input_ids: torch.Tensor  # int64 [R, L]
+    position_ids: torch.Tensor  # int64 [R, L]; restarts at 0 for every stream and for the padding
+    pred_rows: torch.Tensor  # int64 [N]: row of the position whose output predicts the token
+    pred_cols: torch.Tensor  # int64 [N]: column of that position (the token's column - 1)
+    targets: torch.Tensor  # int64 [N]: the agent token
+    behaviour_logp: torch.Tensor  # float32 [N]
+    advantages: torch.Tensor  # float32 [N]
+    versions: torch.Tensor  # int64 [N] (-1: unknown)
+    sample_index: torch.Tensor  # int64 [N]: index of the token's sample in the batch
+    samples: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.targets.numel())
+
+    @property
+    def num_positions(self) -> int:
+        return int(self.input_ids.numel())
+
+    def to(self, device: torch.device) -> MicroBatch:
+        if device.type == "cpu":
+            return self
+        moved = {k: v.to(device, non_blocking=True) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
+        return MicroBatch(**moved, samples=self.samples)
+
+
+def pack_first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Indices into rows of at most ``capacity`` tokens, first-fit decreasing (longest streams first)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in order:
+        n = lengths[i]
+        for r, room in enumerate(free):
+            if n <= room:
+                rows[r].append(i)
+                free[r] -= n
+                break
+        else:
+            rows.append([i])
+            free.append(capacity - n)
+    return rows
+
+
+def build_micro_batch(
+    streams: Sequence[TokenStream], indices: Sequence[int], advantages: np.ndarray, row_tokens: int, pad_id: int
+) -> MicroBatch:
+    """Pack the streams ``indices`` into rows (capacity: ``row_tokens`` or the longest stream)."""
+    lengths = [len(streams[i]) for i in indices]
+    capacity = max(row_tokens, max(lengths))
+    rows = pack_first_fit(lengths, capacity)
+    width = max(sum(lengths[j] for j in row) for row in rows)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    pos = np.empty((len(rows), width), dtype=np.int64)
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("r", "c", "t", "b", "a", "v", "s")}
+    for r, row in enumerate(rows):
+        off = 0
+        for j in row:
+            i = indices[j]
+            s = streams[i]
+            n = len(s)
+            ids[r, off : off + n] = s.ids
+            pos[r, off : off + n] = np.arange(n)
+            lp = s.loss_positions
+            parts["r"].append(np.full(lp.size, r, dtype=np.int64))
+            parts["c"].append(off + lp - 1)
+            parts["t"].append(s.ids[lp])
+            parts["b"].append(s.behaviour_logp[lp])
+            parts["a"].append(np.full(lp.size, advantages[i], dtype=np.float32))
+            parts["v"].append(s.versions[lp])
+            parts["s"].append(np.full(lp.size, i, dtype=np.int64))
+            off += n
+        pos[r, off:] = np.arange(width - off)  # padding is a stream of its own: nobody attends to it
+
+    def cat(k: str, dtype: Any) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate(parts[k]).astype(dtype, copy=False))
+
+    return MicroBatch(
+        torch.from_numpy(ids),
+        torch.from_numpy(pos),
+        cat("r", np.int64),
+        cat("c", np.int64),
+        cat("t", np.int64),
+        cat("b", np.float32),
+        cat("a", np.float32),
+        cat("v", np.int64),
+        cat("s", np.int64),
+        samples=list(indices),
+    )
+
+
+def plan_micro_batches(
+    streams: Sequence[TokenStream],
+    advantages: np.ndarray,
+    include: Sequence[int],
+    micro_batch_size: int,
+    row_tokens: int = 0,
+    pad_id: int = 0,
+) -> list[MicroBatch]:
+    """Micro-batches of ``micro_batch_size`` samples (0: one), longest first so their lengths are alike."""
+    order = sorted(include, key=lambda i: -len(streams[i]))
+    size = micro_batch_size or max(1, len(order))
+    return [
+        build_micro_batch(streams, order[k : k + size], advantages, row_tokens, pad_id)
+        for k in range(0, len(order), size)
+    ]
+
+
+# ====================================================================================================
+# The network wrapper
+# ====================================================================================================
+
+
+class TokenLogprobs(nn.Module):
+    """Logprob (and entropy) of chosen next tokens at chosen positions of packed rows.
+
+    Runs the decoder on the rows, then ``lm_head`` only on the positions that predict an agent token, so
+    the logits of environment tokens and padding are never materialised. Being a module of its own makes
+    it the root that FSDP2 shards (its forward gathers the root-level parameters).
+    """
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        pred_rows: torch.Tensor,
+        pred_cols: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float = 1.0,
+        with_entropy: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        decoder = self.lm.get_decoder()
+        hidden = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+        h = hidden[pred_rows, pred_cols]
+        logits = self.lm.get_output_embeddings()(h).float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        logz = torch.logsumexp(logits, dim=-1)
+        logp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz  # a new tensor, not a view
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                probs = torch.softmax(logits, dim=-1)
+                entropy = logz - (probs * logits).sum(-1)
+        return logp, entropy
+
+
+# ====================================================================================================
+# Metrics
+# ====================================================================================================
+
+
+@dataclass
+class StepStats:
+    """What one ``train_step`` did. Token statistics are over the agent tokens trained on."""
+
+    loss: float = 0.0  # pg_loss + kl_coef * kl (mean over epochs)
+    pg_loss: float = 0.0  # token-mean over every agent token of the batch
+    kl: float = 0.0  # token-mean k3 to the reference (0 without one)
+    entropy: float = 0.0
+    clip_fraction: float = 0.0  # tokens whose clipped term was chosen (no gradient through ρ)
+    ratio_mean: float = 1.0
+    ratio_min: float = 1.0
+    ratio_max: float = 1.0
+    behaviour_kl: float = 0.0  # k3(behaviour ‖ current) in the first epoch: actor/trainer mismatch
+    grad_norm: float = 0.0  # before clipping (last epoch)
+    learning_rate: float = 0.0
+    tokens_trained: int = 0  # agent tokens that were forwarded (per epoch)
+    loss_tokens: int = 0  # agent tokens of the batch (the loss's denominator)
+    positions: int = 0  # token positions forwarded per epoch (all streams, padding included)
+    samples: int = 0
+    groups: int = 0
+    zero_advantage_groups: int = 0
+    reward_mean: float = 0.0
+    reward_std: float = 0.0
+    reward_min: float = 0.0
+    reward_max: float = 0.0
+    advantage_abs_mean: float = 0.0
+    response_length_mean: float = 0.0  # agent tokens per sample
+    staleness_mean: float = 0.0
+    staleness_max: int = 0
+    micro_batches: int = 0  # on this rank
+    optimizer_steps: int = 0  # done in this train_step
+    skipped_steps: int = 0  # epochs whose gradient was not finite (no update)
+    train_seconds: float = 0.0
+    tokens_per_second: float = 0.0  # positions forwarded and backpropagated per second
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    _PROTO_FIELDS = (
+        "loss",
+        "pg_loss",
+        "kl",
+        "entropy",
+        "clip_fraction",
+        "grad_norm",
+        "learning_rate",
+        "tokens_trained",
+        "response_length_mean",
+        "staleness_mean",
+        "staleness_max",
+        "samples",
+        "groups",
+        "reward_mean",
+        "reward_std",
+        "reward_min",
+        "reward_max",
+    )
+
+    def fill_step_metrics(self, msg: Any) -> Any:
+        """Copy into a ``rollart.v1.StepMetrics`` (fields it has; everything else goes to ``extra``)."""
+        for name, value in self.to_dict().items():
+            if name in self._PROTO_FIELDS:
+                setattr(msg, name, value)
+            else:
+                msg.extra[name] = float(value)
+        msg.train_time.FromNanoseconds(int(self.train_seconds * 1e9))
+        return msg
+
+
+# ====================================================================================================
+# Backends
+# ====================================================================================================
+
+
+class TrainBackend(ABC):
+    """What the step driver uses: train on a batch, export bf16 weights, and checkpoint state."""
+
+    settings: GrpoSettings
+
+    @abstractmethod
+    def train_step(self, batch: TrainBatch) -> StepStats:
+        """One GRPO update (``epochs_per_batch`` optimizer steps) on the batch."""
+
+    @abstractmethod
+    def export(self, out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """HF name -> bf16 bit patterns (numpy ``uint16``) of the current weights."""
+
+    def weight_set(self, version: int | None = None) -> WeightSet:
+        arrays = self.export()
+        return WeightSet(arrays, dict.fromkeys(arrays, BF16), version)
+
+    @abstractmethod
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """fp32 master weights on the CPU (HF names)."""
+
+    @abstractmethod
+    def load_model_state(self, tensors: Mapping[str, torch.Tensor]) -> None: ...
+
+    @abstractmethod
+    def optimizer_state(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def load_optimizer_state(self, state: Mapping[str, Any]) -> None: ...
+
+    @property
+    def is_writer(self) -> bool:
+        """True on the process that writes checkpoints and publishes (rank 0)."""
+        return True
+
+
+@dataclass
+class PreparedBatch:
+    streams: list[TokenStream]
+    advantages: np.ndarray
+    micro_batches: list[MicroBatch]
+    loss_tokens: int
+    stats: StepStats
+
+
+class TorchBackend(TrainBackend):
+    """Plain PyTorch on one device (CPU, or one GPU): fp32 master weights, AdamW, token-level GRPO."""
+
+    def __init__(self, policy: Policy, settings: GrpoSettings | None = None) -> None:
+        self.policy = policy
+        self.settings = settings or GrpoSettings()
+        self.device = policy.device
+        # The reference is the policy as loaded (before any checkpoint is restored into it).
+        ref = copy.deepcopy(policy.model).eval().requires_grad_(False) if self.settings.kl_coef > 0 else None
+        self.net: nn.Module = self._setup(TokenLogprobs(policy.model), trainable=True)
+        self.reference: nn.Module | None = None if ref is None else self._setup(TokenLogprobs(ref), trainable=False)
+        self.optimizer = self._make_optimizer(self._named_trainable())
+        self.optimizer_steps = 0
+
+    @classmethod
+    def from_pretrained(
+        cls, path: Any, settings: GrpoSettings | None = None, device: str | torch.device | None = "cpu"
+    ) -> TorchBackend:
+        return cls(Policy.load(path, device=device), settings)
+
+    # ----------------------------------------------------------------------------------- set-up hooks
+
+    def _setup(self, net: TokenLogprobs, trainable: bool) -> nn.Module:
+        """Place a model for computation (the FSDP2 backend shards it here)."""
+        return net
+
+    def _named_trainable(self) -> list[tuple[str, nn.Parameter]]:
+        seen: set[int] = set()
+        out = []
+        for name, p in sorted(self.policy.model.named_parameters(), key=lambda kv: kv[0]):
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                out.append((name, p))
+        return out
+
+    def _make_optimizer(self, named: list[tuple[str, nn.Parameter]]) -> torch.optim.Optimizer:
+        s = self.settings
+        decay = [p for _, p in named if p.ndim >= 2]  # matrices; norms and biases are not decayed
+        rest = [p for _, p in named if p.ndim < 2]
+        groups = [{"params": decay, "weight_decay": s.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=s.learning_rate, betas=s.betas, eps=s.adam_eps)
+
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    # Work split and collectives (overridden by the FSDP2 backend).
+    def _my_samples(self, include: list[int], streams: list[TokenStream]) -> list[int]:
+        return include
+
+    def _micro_batch_count(self, local: int) -> int:
+        return local
+
+    def _before_micro_batch(self, index: int, count: int) -> None:
+        pass
+
+    def _all_reduce_sums(self, values: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        return values
+
+    def _loss_scale(self) -> float:
+        return 1.0
+
+    def _dummy_micro_batch(self) -> MicroBatch:
+        z = torch.zeros(1, 2, dtype=torch.int64)
+        e = torch.zeros(0, dtype=torch.int64)
+        return MicroBatch(z, torch.arange(2)[None], e, e, e, e.float(), e.float(), e, e)
+
+    def _clip_grad_norm(self) -> torch.Tensor:
+        max_norm = self.settings.max_grad_norm or math.inf
+        return torch.nn.utils.clip_grad_norm_(self.parameters, max_norm)
+
+    # -------------------------------------------------------------------------------------- training
+
+    def prepare(self, batch: TrainBatch) -> PreparedBatch:
+        """Advantages, token streams and this process's micro-batches; batch-level statistics."""
+        s = self.settings
+        if not batch.samples:
+            raise ValueError("empty batch")
+        streams = [flatten_sample(x, s.max_seq_len) for x in batch.samples]
+        rewards = torch.tensor([x.reward for x in batch.samples], dtype=torch.float64)
+        if not torch.isfinite(rewards).all():
+            raise ValueError("a reward is not finite")
+        gidx = torch.from_numpy(group_indices([x.group_id for x in batch.samples]))
+        adv_t = group_advantages(rewards, gidx, normalize_std=s.normalize_advantage_std, eps=s.advantage_eps)
+        advantages = adv_t.numpy().astype(np.float32)
+        n_loss = np.array([s_.loss_positions.size for s_ in streams], dtype=np.int64)
+        loss_tokens = int(n_loss.sum())
+        # Without a KL term a zero-advantage sample contributes exactly nothing: do not forward it.
+        include = [i for i in range(len(streams)) if n_loss[i] > 0 and (s.kl_coef > 0 or advantages[i] != 0)]
+        mine = self._my_samples(include, streams)
+        mbs = plan_micro_batches(streams, advantages, mine, s.micro_batch_size, s.row_tokens, s.pad_token_id)
+        has_signal = torch.zeros(int(gidx.max()) + 1, dtype=torch.bool).index_fill_(0, gidx[adv_t != 0], True)
+        r = rewards.numpy()
+        st = StepStats(
+            loss_tokens=loss_tokens,
+            samples=len(streams),
+            groups=int(has_signal.numel()),
+            zero_advantage_groups=int((~has_signal).sum()),
+            reward_mean=float(r.mean()),
+            reward_std=float(r.std()),
+            reward_min=float(r.min()),
+            reward_max=float(r.max()),
+            advantage_abs_mean=float(np.abs(advantages).mean()),
+            response_length_mean=float(sum(int(x.action.sum()) for x in streams) / len(streams)),
+        )
+        return PreparedBatch(streams, advantages, mbs, loss_tokens, st)
+
+    def _lr_at(self, step: int) -> float:
+        s = self.settings
+        if s.warmup_steps > 0 and step < s.warmup_steps:
+            return s.learning_rate * (step + 1) / s.warmup_steps
+        return s.learning_rate
+
+    def accumulate(self, prep: PreparedBatch, *, first_epoch: bool = True) -> dict[str, torch.Tensor]:
+        """Forward and backward over the micro-batches (gradients add up in ``.grad``); returns sums."""
+        s = self.settings
+        denom = float(max(prep.loss_tokens, 1))
+        scale = self._loss_scale() / denom
+        sums = torch.zeros(8, dtype=torch.float64)  # pg, kl, entropy, clipped, ratio, tokens, positions, bkl
+        rmin = torch.tensor(math.inf, dtype=torch.float64)
+        rmax = torch.tensor(-math.inf, dtype=torch.float64)
+        count = self._micro_batch_count(len(prep.micro_batches))
+        for k in range(count):
+            self._before_micro_batch(k, count)
+            real = k < len(prep.micro_batches)
+            mb = (prep.micro_batches[k] if real else self._dummy_micro_batch()).to(self.device)
+            positions = mb.num_positions if real else 0
+            logp, ent = self.net(mb.input_ids, mb.position_ids, mb.pred_rows, mb.pred_cols, mb.targets, s.temperature)
+            ref_logp = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref_logp, _ = self.reference(
+                        mb.input_ids, mb.position_ids, mb.pred_rows, mb.pred_cols, mb.targets, s.temperature, False
+                    )
+            tl = grpo_token_loss(
+                logp,
+                mb.behaviour_logp,
+                mb.advantages,
+                clip_eps_low=s.clip_eps_low,
+                clip_eps_high=s.clip_eps_high,
+                ref_logp=ref_logp,
+                kl_coef=s.kl_coef,
+            )
+            (tl.loss.sum() * scale).backward()
+            with torch.no_grad():
+                n = tl.ratio.numel()
+                bkl = k3_kl(mb.behaviour_logp, logp.detach()).sum() if first_epoch else logp.new_zeros(())
+                sums += torch.stack(
+                    [
+                        tl.pg.detach().sum().double(),
+                        (tl.kl.sum() if tl.kl is not None else logp.new_zeros(())).double(),
+                        (ent.sum() if ent is not None else logp.new_zeros(())).double(),
+                        tl.clipped.sum().double(),
+                        tl.ratio.sum().double(),
+                        logp.new_tensor(float(n), dtype=torch.float64),
+                        logp.new_tensor(float(positions), dtype=torch.float64),
+                        bkl.double(),
+                    ]
+                ).cpu()
+                if n:
+                    rmin = torch.minimum(rmin, tl.ratio.min().double().cpu())
+                    rmax = torch.maximum(rmax, tl.ratio.max().double().cpu())
+        sums = self._all_reduce_sums(sums)
+        rmin = self._all_reduce_sums(rmin, "min")
+        rmax = self._all_reduce_sums(rmax, "max")
+        return {"sums": sums, "ratio_min": rmin, "ratio_max": rmax}
+
+    def train_step(self, batch: TrainBatch) -> StepStats:
+        t0 = time.perf_counter()
+        s = self.settings
+        prep = self.prepare(batch)
+        st = prep.stats
+        st.micro_batches = len(prep.micro_batches)
+        denom = float(max(prep.loss_tokens, 1))
+        totals = torch.zeros(8, dtype=torch.float64)
+        rmin, rmax = math.inf, -math.inf
+        trained = 0
+        for epoch in range(s.epochs_per_batch):
+            self.optimizer.zero_grad(set_to_none=True)
+            acc = self.accumulate(prep, first_epoch=epoch == 0)
+            sums = acc["sums"]
+            if epoch == 0:
+                trained = int(sums[5])
+                st.positions = int(sums[6])
+                st.behaviour_kl = float(sums[7]) / max(trained, 1)
+            totals += sums
+            rmin, rmax = min(rmin, float(acc["ratio_min"])), max(rmax, float(acc["ratio_max"]))
+            lr = self._lr_at(self.optimizer_steps)
+            for g in self.optimizer.param_groups:
+                g["lr"] = lr
+            gn = self._clip_grad_norm()
+            st.grad_norm = float(gn)
+            st.learning_rate = lr
+            if math.isfinite(st.grad_norm) and trained > 0:
+                self.optimizer.step()
+                self.optimizer_steps += 1
+                st.optimizer_steps += 1
+            else:
+                st.skipped_steps += 1
+                if trained > 0:
+                    log.warning("non-finite gradient norm %s: optimizer step skipped", st.grad_norm)
+            self.optimizer.zero_grad(set_to_none=True)
+        epochs = s.epochs_per_batch
+        st.tokens_trained = trained
+        st.pg_loss = float(totals[0]) / denom / epochs
+        st.kl = float(totals[1]) / denom / epochs
+        st.loss = st.pg_loss + s.kl_coef * st.kl
+        ntok = max(float(totals[5]), 1.0)
+        st.entropy = float(totals[2]) / ntok
+        st.clip_fraction = float(totals[3]) / ntok
+        st.ratio_mean = float(totals[4]) / ntok if totals[5] else 1.0
+        st.ratio_min = rmin if math.isfinite(rmin) else 1.0
+        st.ratio_max = rmax if math.isfinite(rmax) else 1.0
+        self._staleness(prep, batch.policy_version, st)
+        st.train_seconds = time.perf_counter() - t0
+        st.tokens_per_second = st.positions * epochs / max(st.train_seconds, 1e-9)
+        return st
+
+    @staticmethod
+    def _staleness(prep: PreparedBatch, version: int | None, st: StepStats) -> None:
+        if version is None:
+            return
+        vs = np.concatenate([x.versions[x.loss_positions] for x in prep.streams])
+        vs = vs[vs >= 0]
+        if vs.size:
+            lag = version - vs
+            st.staleness_mean = float(lag.mean())
+            st.staleness_max = int(lag.max())
+
+    # ------------------------------------------------------------------------------------ inference
+
+    @torch.no_grad()
+    def action_logprobs(self, samples: Sequence[Sample]) -> list[np.ndarray]:
+        """Current-policy logprob of every predictable agent token of each sample (stream order)."""
+        s = self.settings
+        streams = [flatten_sample(x, s.max_seq_len) for x in samples]
+        out = [np.zeros(x.loss_positions.size, dtype=np.float32) for x in streams]
+        zeros = np.zeros(len(streams), dtype=np.float32)
+        include = [i for i, x in enumerate(streams) if x.loss_positions.size]
+        for mb in plan_micro_batches(streams, zeros, include, s.micro_batch_size, s.row_tokens, s.pad_token_id):
+            d = mb.to(self.device)
+            logp, _ = self.net(d.input_ids, d.position_ids, d.pred_rows, d.pred_cols, d.targets, s.temperature, False)
+            logp = logp.float().cpu().numpy()
+            sidx = mb.sample_index.numpy()
+            for i in np.unique(sidx):  # tokens of one sample are contiguous and in order
+                out[int(i)] = logp[sidx == i]
+        return out
+
+    # --------------------------------------------------------------------------------- export, state
+
+    def export(self, out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        return self.policy.export_bf16(out)
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return self.policy.state_tensors()
+
+    def load_model_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.policy.load_state_tensors(tensors)
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "optimizer_steps": self.optimizer_steps}
+
+    def load_optimizer_state(self, state: Mapping[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer_steps = int(state.get("optimizer_steps", 0))
+
+
+def make_backend(
+    kind: str, model_path: Any, settings: GrpoSettings | None = None, device: str | None = None, **kwargs: Any
+) -> TrainBackend:
+    """``kind``: "torch" (CPU or one GPU) or "fsdp2" (torchrun; one GPU per rank)."""
+    kind = (kind or "torch").lower()
+    if kind in ("torch", "trainer_backend_torch", "trainer_backend_unspecified"):
+        return TorchBackend.from_pretrained(model_path, settings, device=device or "auto")
+    if kind in ("fsdp2", "trainer_backend_fsdp2"):
+        from .fsdp import FSDP2Backend
+
+        return FSDP2Backend.from_pretrained(model_path, settings, device=device, **kwargs)
+    raise ValueError(f"unknown trainer backend {kind!r} (torch, fsdp2; megatron is not available here)")
