@@ -28,6 +28,11 @@ class ServiceSpec:
     redis_db: int | None = None
     # Extra environment for the service, given the running cluster's state.
     extra_env: Callable[[dict], dict[str, str]] | None = None
+    # Seconds to wait for its ready file, when more than up()'s default (an engine start, a model build).
+    ready_timeout: float | None = None
+    # Instances started by default (`up(replicas=...)` overrides); the first is named `name`, the others
+    # `name-2`, `name-3`, ...
+    replicas: int = 1
 
 
 # Start order: discovery first, then the ledger (everyone settles with it), then the rest.
@@ -36,13 +41,63 @@ SERVICES: list[ServiceSpec] = [
     ServiceSpec("ledger", "rollart-ledger", redis_db=1),
     # The relay's data endpoint (striped transport) is chosen at start and recorded from its ready file.
     ServiceSpec("relay", "rollart-relay", extra_env=lambda st: {"ROLLART_CACHE_DIR": f"{st['state_dir']}/relay-cache"}),
+    # Before the actors: they fall back to the trainer's Relay API when their relay dies. Jobs arrive with
+    # StartJob (`rollart run`); a restarted trainer resumes the job kept in its work dir.
+    ServiceSpec("trainer", "rollart-trainer", extra_env=lambda st: _trainer_env(st), ready_timeout=180.0),
     ServiceSpec("reward", "rollart-reward", redis_db=2),  # idempotency cache: first answers survive restarts
-    ServiceSpec("actor", "rollart-actor"),
-    ServiceSpec("llmproxy", "rollart-llmproxy"),
-    ServiceSpec("envmanager", "rollart-envmanager"),
-    ServiceSpec("trainer", "rollart-trainer"),
+    # Serves ROLLART_MODEL when set, else the tiny test model built into the state dir on first start.
+    ServiceSpec("actor", "rollart-actor", extra_env=lambda st: _actor_env(st), ready_timeout=600.0),
+    # The OpenAI-compatible HTTP API on a free port (its base URL lands in the state from the ready file); it
+    # follows the ledger's step plans when a ledger runs.
+    ServiceSpec("llmproxy", "rollart-llmproxy", extra_env=lambda st: _llmproxy_env(st)),
+    ServiceSpec("envmanager", "rollart-envmanager", extra_env=lambda st: _peers(st, "ledger", "reward", "llmproxy")),
 ]
 SERVICE_NAMES = [s.name for s in SERVICES]
+
+
+def _peers(state: dict, *names: str) -> dict[str, str]:
+    """ROLLART_<NAME>=address of the peers already running (the ledger does not register with the resource
+    manager, so its address travels this way; the others would also be found through it)."""
+    running = state.get("services", {})
+    return {f"ROLLART_{n.upper()}": running[n]["address"] for n in names if n in running}
+
+
+def _llmproxy_env(state: dict) -> dict[str, str]:
+    env = {"ROLLART_HTTP_LISTEN": "127.0.0.1:0"}
+    ledger = state.get("services", {}).get("ledger")
+    if ledger:
+        env["ROLLART_LEDGER"] = ledger["address"]
+    return env
+
+
+def _actor_env(state: dict) -> dict[str, str]:
+    env = {"ROLLART_VLLM_CACHE_DIR": f"{state['state_dir']}/vllm-cache"}
+    if not os.environ.get("ROLLART_MODEL"):
+        env.update(ROLLART_MODEL=f"{state['state_dir']}/models/tiny", ROLLART_BUILD_TINY_MODEL="true")
+    ledger = state.get("services", {}).get("ledger")
+    if ledger:
+        env["ROLLART_LEDGER"] = ledger["address"]
+    running = state.get("services", {})
+    if "relay" in running:  # follow the relay for deltas; the trainer is the fallback source
+        env["ROLLART_WEIGHT_SOURCE__RELAY_ENDPOINT"] = running["relay"]["address"]
+        if "trainer" in running:
+            env["ROLLART_WEIGHT_SOURCE__FALLBACK_ENDPOINTS"] = json.dumps([running["trainer"]["address"]])
+    return env
+
+
+def _trainer_env(state: dict) -> dict[str, str]:
+    env = {"ROLLART_WORK_DIR": f"{state['state_dir']}/trainer"}
+    env.update(_peers(state, "ledger"))
+    relay = state.get("services", {}).get("relay")
+    if relay:
+        env["ROLLART_RELAYS"] = json.dumps([relay["address"]])
+    if state.get("mooncake"):
+        env["ROLLART_MOONCAKE_MASTER"] = state["mooncake"]["address"]
+    return env
+
+
+def instance_names(spec: ServiceSpec, replicas: int) -> list[str]:
+    return [spec.name if i == 0 else f"{spec.name}-{i + 1}" for i in range(replicas)]
 
 
 def default_state_dir() -> Path:
@@ -103,8 +158,14 @@ def up(
     log: Callable[[str], None] = print,
     ready_timeout: float = 60.0,
     with_mooncake: bool | None = None,
+    replicas: dict[str, int] | None = None,
+    env_overrides: dict[str, dict[str, str]] | None = None,
 ) -> dict:
-    """Start redis and the requested services (default: every installed one). Returns the state."""
+    """Start redis and the requested services (default: every installed one). Returns the state.
+
+    ``replicas``: instances per service (e.g. ``{"actor": 2}``); ``env_overrides``: extra environment per
+    service name (every instance of it), applied last.
+    """
     state = read_state(state_dir)
     procs = [state.get("redis", {}), state.get("mooncake", {}), *state.get("services", {}).values()]
     if state and any(pid_alive(p["pid"]) for p in procs if p):
@@ -130,7 +191,12 @@ def up(
             state["mooncake"] = master.info()
             write_state(state_dir, state)
             log(f"mooncake         {master.address}  (metrics :{master.metrics_port}, pid {master.pid})")
-        for spec in specs:
+        instances = [
+            (spec, name)
+            for spec in specs
+            for name in instance_names(spec, (replicas or {}).get(spec.name, spec.replicas))
+        ]
+        for spec, name in instances:
             script = find_script(spec.script)
             if script is None:
                 if only is not None:
@@ -145,9 +211,9 @@ def up(
                     "ROLLART_METRICS_LISTEN": "127.0.0.1:0",
                     "ROLLART_JOB_TOKEN_FILE": str(token_file),
                     "ROLLART_JOB_KEY_FILE": str(job_key(state_dir)),
-                    "ROLLART_READY_FILE": str(run_dir / f"{spec.name}.ready"),
+                    "ROLLART_READY_FILE": str(run_dir / f"{name}.ready"),
                     "ROLLART_TRACING__EXPORTER": "file",
-                    "ROLLART_TRACING__FILE": str(state_dir / "traces" / f"{spec.name}.jsonl"),
+                    "ROLLART_TRACING__FILE": str(state_dir / "traces" / f"{name}.jsonl"),
                 }
             )
             env.pop("ROLLART_JOB_TOKEN", None)
@@ -161,15 +227,16 @@ def up(
                 env["ROLLART_REDIS_URL"] = redis_url.rsplit("/", 1)[0] + f"/{spec.redis_db}"
             if spec.extra_env is not None:
                 env.update(spec.extra_env(state))
+            env.update((env_overrides or {}).get(spec.name, {}))
             proc = ManagedProcess(
-                spec.name,
+                name,
                 [script],
-                log_path=state_dir / "logs" / f"{spec.name}.log",
+                log_path=state_dir / "logs" / f"{name}.log",
                 env=env,
-                ready_file=run_dir / f"{spec.name}.ready",
+                ready_file=run_dir / f"{name}.ready",
             ).start()
-            info = proc.wait_ready(ready_timeout)
-            state["services"][spec.name] = {
+            info = proc.wait_ready(max(ready_timeout, spec.ready_timeout or 0.0))
+            state["services"][name] = {
                 "pid": proc.pid,
                 "address": info["address"],
                 "metrics_port": info.get("metrics_port"),
@@ -177,9 +244,9 @@ def up(
             }
             # Extra endpoints a service announces in its ready file (e.g. the relay's data_endpoint).
             extra = {k: v for k, v in info.items() if k not in ("service", "address", "metrics_port", "pid")}
-            state["services"][spec.name].update(extra)
+            state["services"][name].update(extra)
             write_state(state_dir, state)
-            log(f"{spec.name:<16} {info['address']}  (metrics :{info.get('metrics_port')}, pid {proc.pid})")
+            log(f"{name:<16} {info['address']}  (metrics :{info.get('metrics_port')}, pid {proc.pid})")
     except BaseException:
         down(state_dir, log=lambda _m: None)
         raise

@@ -1,7 +1,8 @@
-"""RollArt EnvManager: environments (reasoning-gym, GEM, textarena, gymnasium, code, SWE) and sandbox backends.
+"""RollArt EnvManager: environments (reasoning-gym, GEM, textarena, gymnasium, code, SWE), sandbox backends, and
+the environment loops (lease, generate, step, settle) behind the ``rollart.v1.EnvManager`` gRPC service.
 
-The environment loops (lease, generate, step, settle) use :func:`open_env` and the registry; the gRPC service
-that hosts them comes with the ledger and LLMProxy integration.
+Library layer: :func:`open_env` and the registry (envs/, sandbox/, hosting.py). Service layer: manager.py (the
+loops), episode.py (one episode), chat.py (token history), service.py (gRPC), main.py (``rollart-envmanager``).
 """
 
 from .envs import (

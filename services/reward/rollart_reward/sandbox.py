@@ -130,6 +130,25 @@ def exposure_args(paths: list[str]) -> list[str]:
     return args
 
 
+def tmp_binds(paths: list[str]) -> list[str]:
+    """Read-only binds for the given paths that lie under /tmp (outermost only), with their parents made."""
+    under = sorted({os.path.realpath(p) for p in paths if p and os.path.exists(p)}, key=len)
+    keep: list[Path] = []
+    for raw in under:
+        p = Path(raw)
+        if Path("/tmp") in p.parents and not any(k == p or k in p.parents for k in keep):
+            keep.append(p)
+    args: list[str] = []
+    made: set[Path] = set()
+    for b in keep:
+        for d in [a for a in reversed(b.parents) if Path("/tmp") in a.parents]:
+            if d not in made:
+                made.add(d)
+                args += ["--perms", "0755", "--dir", str(d)]
+        args += ["--ro-bind", str(b), str(b)]
+    return args
+
+
 def python_paths() -> list[str]:
     """What the sandboxed interpreter must be able to read: the installation, the venv, the import path."""
     paths = [sys.base_prefix, sys.prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))]
@@ -164,6 +183,8 @@ def bwrap_argv(host_ws: str, limits: SandboxLimits, uid: int, argv: list[str], e
         "--dev", "/dev",
         "--proc", "/proc",
         "--size", str(64 * MiB), "--tmpfs", "/tmp",
+        # An interpreter living under /tmp (a checkout there, e.g. CI's) is bound back after the tmpfs hid it.
+        *tmp_binds(python_paths()),
         "--bind", host_ws, WS,
         "--chdir", WS,
         "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",

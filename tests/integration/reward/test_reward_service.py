@@ -187,7 +187,7 @@ CANDIDATES = {
 
 def test_code_in_the_sandbox_right_wrong_and_contained(rs):
     requests = [
-        req(traj(f"code-{name}", action, task="code", tests=TESTS), timeout=secs(2.0))
+        req(traj(f"code-{name}", action, task="code", tests=TESTS), timeout=secs(6.0))
         for name, (action, _, _) in CANDIDATES.items()
     ]
     # File names recorded by the EnvManager's code tasks are honoured.
@@ -199,11 +199,11 @@ def test_code_in_the_sandbox_right_wrong_and_contained(rs):
         solution_file="impl.py",
         test_file="test_impl.py",
     )
-    requests.append(req(named, timeout=secs(2.0)))
+    requests.append(req(named, timeout=secs(6.0)))
     t0 = time.monotonic()
     results = {res.trajectory_id: res for res in rs.stub.ScoreMany(iter(requests), metadata=rs.md, timeout=60)}
     assert results["code-named"].outcome.reward == 1.0
-    assert time.monotonic() - t0 < 20
+    assert time.monotonic() - t0 < 60
     for name, (_, status, cause) in CANDIDATES.items():
         res = results[f"code-{name}"]
         assert (res.status, res.cause) == (status, cause), f"{name}: {res}"

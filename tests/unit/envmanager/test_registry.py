@@ -165,7 +165,7 @@ def test_list_environments_proto():
     assert swe.id == "swe:builtin" and swe.available and swe.multi_turn
     assert swe.default_backend == envmanager_pb2.SANDBOX_BACKEND_DOCKER
     assert envmanager_pb2.SANDBOX_BACKEND_BWRAP in swe.supported_backends
-    assert swe.default_reward.kind == common_pb2.SCORER_KIND_CODE and "repo" in swe.options
+    assert swe.default_reward.kind == common_pb2.SCORER_KIND_GAME and "repo" in swe.options
     everything = list_environments(envmanager_pb2.ListEnvironmentsRequest(include_unavailable=True))
     by_id = {e.id: e for e in everything.environments}
     assert by_id["reasoning_gym:basic_arithmetic"].default_reward.scorer == "basic_arithmetic"

@@ -127,7 +127,9 @@ def register_builtins(reg: EnvRegistry) -> None:
         default_backend=DOCKER,
         supported_backends=(DOCKER, BWRAP, KUBERNETES),
         hosting=COMMAND,
-        default_reward="code",
+        # The hidden tests run inside the episode's sandbox and their verdict is the final env reward; the
+        # reward service's CODE scorer (a pytest file against the last action's code) does not apply here.
+        default_reward="game",
         options=swe_env.OPTIONS,
         requires=("pytest", "pytest_timeout"),
     ))

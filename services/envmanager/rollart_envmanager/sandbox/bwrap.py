@@ -154,6 +154,8 @@ class BwrapSandbox(ProcessSandbox):
         for h in self.hidden:
             if h != "/tmp":
                 cmd += ["--tmpfs", h]
+        # /tmp first: the interpreter (a venv in a checkout under /tmp, e.g. CI's) may need binding back below it.
+        cmd += ["--size", str(64 * mib), "--tmpfs", "/tmp"]
         for p in self.ro_binds:
             # directories bwrap creates on the way are 0700: make them traversable for the sandbox's uid
             parent = os.path.dirname(p)
@@ -164,7 +166,6 @@ class BwrapSandbox(ProcessSandbox):
             for a in reversed(ancestors):
                 cmd += ["--perms", "0755", "--dir", a]
             cmd += ["--ro-bind", p, p]
-        cmd += ["--size", str(64 * mib), "--tmpfs", "/tmp"]
         cmd += ["--bind", self.host_workspace, self.workspace, "--remount-ro", "/", "--chdir", cwd]
         for fd in extra_fds:
             cmd += ["--json-status-fd", str(fd)]

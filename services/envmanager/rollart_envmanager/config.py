@@ -1,0 +1,87 @@
+"""Configuration of ``rollart-envmanager`` (YAML file plus ROLLART_* overrides, see rollart.runtime.config)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from rollart.runtime.config import ServiceConfig, StrictModel
+
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/#+=-]{0,199}$")
+
+
+class SandboxDefaults(StrictModel):
+    """Default limits of every sandbox (a loop group's SandboxSpec overrides the fields it sets)."""
+
+    time_budget_s: float = Field(600.0, gt=0)
+    step_timeout_s: float = Field(60.0, gt=0)
+    memory_mib: int = Field(1024, gt=0)
+    cpu_limit: float = Field(1.0, gt=0)
+    pids_limit: int = Field(64, gt=0)
+    workspace_mib: int = Field(256, gt=0)
+    file_size_mib: int = Field(64, gt=0)
+    open_files: int = Field(256, gt=0)
+
+
+class EnvManagerConfig(ServiceConfig):
+    listen: str = "127.0.0.1:50057"
+    # Id of this envmanager: the lease holder prefix of its loops and its WatchCommands subscriber id
+    # (default: envmanager-<host>-<pid>). Keep it stable across restarts only if leases should carry over.
+    manager_id: str = ""
+    # Region of this host (lease assignment prefers actors nearby).
+    region: str = ""
+    # Peers; None: discovered through the resource manager (roles "ledger", "llmproxy", "reward").
+    ledger: str | None = None
+    llmproxy: str | None = None
+    reward: str | None = None
+    # Most loops this process hosts at once (over all groups).
+    max_loops: int = Field(4096, ge=1)
+    # Threads that run blocking environment and sandbox calls (reset, step, close, sandbox start).
+    env_threads: int = Field(256, ge=1)
+    # How long one AcquireLeases call waits on the ledger when no lease is available.
+    lease_wait_seconds: float = Field(2.0, gt=0, le=60)
+    # A lease is renewed when this fraction of its time-to-live has passed.
+    renew_fraction: float = Field(0.33, gt=0, lt=1)
+    # Generation: retries of a turn whose actor was lost (the proxy's retryable UNAVAILABLE), the backoff
+    # before each, the default time budget of one turn and the default max_tokens when a spec sets none.
+    generation_retries: int = Field(3, ge=0, le=20)
+    generation_retry_backoff_seconds: float = Field(0.2, ge=0)
+    generation_timeout_seconds: float = Field(300.0, gt=0)
+    default_max_tokens: int = Field(512, gt=0)
+    # Reward: budget of one Score call, and retries of retryable failures before the ledger is told that
+    # scoring failed (RecordReward failed=true: the sample is re-issued, never recorded as a zero reward).
+    reward_timeout_seconds: float = Field(120.0, gt=0)
+    reward_retries: int = Field(2, ge=0, le=10)
+    # Deadline of every other call to a peer.
+    rpc_timeout_seconds: float = Field(10.0, gt=0)
+    # Backoff of a loop after an error it cannot attribute to one trajectory (ledger unreachable, ...).
+    backoff_seconds: float = Field(0.5, gt=0)
+    max_backoff_seconds: float = Field(10.0, gt=0)
+    # Keep a healthy hosted environment (its child process) for the loop's next trajectory instead of
+    # closing it; False creates a fresh environment and sandbox per trajectory.
+    reuse_environments: bool = False
+    sandbox: SandboxDefaults = SandboxDefaults()
+    # User environments registered at start: [{"id", "factory": "module:callable", ...EnvInfo fields}].
+    environments: list[dict[str, Any]] = []
+    # With a resource manager: register as role "envmanager" in this pool (created as a CPU pool).
+    rm_pool: str = "cpu"
+    rm_register_pool: bool = True
+
+    @field_validator("manager_id")
+    @classmethod
+    def _manager_id(cls, value: str) -> str:
+        if value and not ID_RE.match(value):
+            raise ValueError(f"manager_id must match {ID_RE.pattern}")
+        return value
+
+    @field_validator("ledger", "llmproxy", "reward")
+    @classmethod
+    def _peer(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"expected HOST:PORT, got {value!r}")
+        return value

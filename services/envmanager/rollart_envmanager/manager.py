@@ -1,0 +1,798 @@
+"""The EnvManager: many independent environment loops in one process, each on its own timeline.
+
+A loop: take a lease from the ledger -> run the episode (episode.py) -> close -> send the trajectory to the
+reward service without waiting -> settle with the ledger (Submit; the reward follows through RecordReward
+when scoring finishes) -> next lease. A slow environment delays only its own loop.
+
+Cancellations: the manager watches the ledger's command stream as a HOLDER (one stream for all its loops,
+whose holders are ``<manager id>/...``); a cancelled lease aborts its trajectory at once (the proxy is told to
+abort the trajectory's generation, the episode task is cancelled, the lease is released as CANCELLED, the
+environment is killed and closed in the background). Lease renewals also report cancellations and expiry,
+which covers a command stream that was down.
+
+Failures: an infrastructure failure or timeout releases the lease with that reason and cause (the sample goes
+back to the pool); it is never submitted as a zero reward. Scoring failures are reported to the ledger as
+failures (RecordReward failed=true), never as rewards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import logging
+import os
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass, fields
+from typing import Any
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+from grpc import aio
+
+from rollart.runtime.telemetry import log_fields
+from rollart.v1 import common_pb2, envmanager_pb2
+from rollart.v1 import ledger_pb2 as lp
+from rollart.v1 import reward_pb2 as rp
+
+from . import metrics
+from .config import EnvManagerConfig
+from .convert import reward_spec
+from .envs.registry import EnvRegistry, TaskConfig, default_registry
+from .episode import (
+    TIMEOUT,
+    Episode,
+    EpisodeContext,
+    EpisodeSpec,
+    ExternalAbort,
+    InfraFailure,
+    new_trajectory_id,
+    now_ts,
+    run_blocking,
+)
+from .latency import LatencySampler
+from .peers import Peers, PeerUnavailable
+from .sandbox import SandboxLimits, live_sandboxes
+
+log = logging.getLogger(__name__)
+
+LS = envmanager_pb2.LoopState
+GS = envmanager_pb2.LoopGroupState
+STOPPED_STATES = (LS.LOOP_STATE_STOPPED, LS.LOOP_STATE_FAILED)
+# A loop whose environment cannot even be opened this many times in a row stops as FAILED.
+MAX_CONSECUTIVE_SETUP_FAILURES = 5
+SETUP_CAUSES = ("env-unavailable",)
+RELEASE_FOR = {"cancelled": lp.RELEASE_REASON_CANCELLED, "aborted": lp.RELEASE_REASON_ABANDONED,
+               "shutdown": lp.RELEASE_REASON_SHUTDOWN, "external": lp.RELEASE_REASON_ABANDONED}
+
+
+def dur(seconds: float) -> Duration:
+    d = Duration()
+    d.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
+    return d
+
+
+def secs(d: Duration) -> float:
+    return d.seconds + d.nanos / 1e9
+
+
+def ts_secs(t: Timestamp) -> float:
+    return t.seconds + t.nanos / 1e9
+
+
+class LedgerError(Exception):
+    """The ledger could not be reached or refused a call the loop cannot do without."""
+
+
+@dataclass
+class Counters:
+    trajectories: int = 0
+    admitted: int = 0
+    rejected: int = 0
+    cancelled: int = 0
+    infra_failures: int = 0
+    timeouts: int = 0
+    turns: int = 0
+    tokens_generated: int = 0
+
+    def add(self, other: Counters) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def proto(self) -> envmanager_pb2.LoopCounters:
+        return envmanager_pb2.LoopCounters(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+
+class Group:
+    def __init__(self, request: envmanager_pb2.StartLoopsRequest, config: TaskConfig, holder_prefix: str,
+                 lease_tasks: list[str]) -> None:
+        self.request = request
+        self.group_id = request.group_id
+        self.config = config
+        self.holder_prefix = holder_prefix
+        self.lease_tasks = lease_tasks
+        self.loops: list[Loop] = []
+        self.started_at = now_ts()
+        self.stop_requested = False
+        self.key = request.SerializeToString(deterministic=True)
+
+    def state(self) -> int:
+        states = [lo.state for lo in self.loops]
+        if all(s == LS.LOOP_STATE_FAILED for s in states):
+            return GS.LOOP_GROUP_STATE_FAILED
+        if all(s in STOPPED_STATES for s in states):
+            return GS.LOOP_GROUP_STATE_STOPPED
+        return GS.LOOP_GROUP_STATE_STOPPING if self.stop_requested else GS.LOOP_GROUP_STATE_RUNNING
+
+    def counters(self) -> Counters:
+        total = Counters()
+        for lo in self.loops:
+            total.add(lo.counters)
+        return total
+
+    def proto(self) -> envmanager_pb2.LoopGroup:
+        return envmanager_pb2.LoopGroup(group_id=self.group_id, env=self.request.env, count=len(self.loops),
+                                        loop_ids=[lo.loop_id for lo in self.loops], state=self.state(),
+                                        counters=self.counters().proto(), started_at=self.started_at)
+
+
+class Loop:
+    def __init__(self, manager: Manager, group: Group, index: int) -> None:
+        self.m = manager
+        self.group = group
+        self.index = index
+        self.loop_id = f"{group.group_id}/{index}"
+        self.holder = f"{group.holder_prefix}/{index}"
+        self.state = LS.LOOP_STATE_STARTING
+        self.state_since = now_ts()
+        self.counters = Counters()
+        self.last_error = ""
+        self.episode: Episode | None = None
+        self.inner: asyncio.Task | None = None
+        self.task: asyncio.Task | None = None
+        self.stop_mode = ""  # "", "graceful" or "abort"
+        self.done = 0
+        self.reusable: Any = None  # EnvHandle kept for the next trajectory (reuse_environments)
+        self.wake = asyncio.Event()  # set by stop(): ends a backoff at once
+        spec = group.config.latency
+        # Stream per loop index: groups with the same seed draw the same latencies (same-batch comparisons).
+        self.latency: LatencySampler | None = spec.sampler(str(index)) if spec.enabled else None
+        metrics.LOOPS.labels(LS.Name(self.state)).inc()
+
+    # -- state -------------------------------------------------------------------------------------------------
+    def set_state(self, state: int | str) -> None:
+        if isinstance(state, str):
+            state = LS.Value(f"LOOP_STATE_{state}")
+        if state != self.state:
+            metrics.LOOPS.labels(LS.Name(self.state)).dec()
+            metrics.LOOPS.labels(LS.Name(state)).inc()
+            self.state = state
+            self.state_since = now_ts()
+
+    def proto(self) -> envmanager_pb2.LoopStatus:
+        ep = self.episode
+        return envmanager_pb2.LoopStatus(
+            loop_id=self.loop_id, group_id=self.group.group_id, holder=self.holder, state=self.state,
+            state_since=self.state_since, lease_id=ep.lease_id if ep else "", trajectory_id=ep.trajectory_id if ep
+            else "", turn=ep.turns if ep else 0, sandbox_id=ep.sandbox_id if ep else "",
+            counters=self.counters.proto(), last_error=self.last_error[:2000])
+
+    @property
+    def stopped(self) -> bool:
+        return self.state in STOPPED_STATES
+
+    # -- control -----------------------------------------------------------------------------------------------
+    def abort_episode(self, kind: str, reason: str) -> bool:
+        """Aborts the trajectory in flight (True if there was one to abort)."""
+        ep, inner = self.episode, self.inner
+        if ep is None or inner is None or inner.done():
+            return False
+        if not ep.abort_kind:
+            ep.abort_kind, ep.abort_reason, ep.abort_at = kind, reason, time.monotonic()
+            if self.state == LS.LOOP_STATE_GENERATING:
+                # Abort on the proxy first: it ends the request on the actor (cancelling our stream first would
+                # leave the proxy nothing to abort); the episode is cancelled right after (one round trip).
+                self.m.spawn(self._abort_generation_then_cancel(ep, inner))
+                return True
+        inner.cancel()
+        return True
+
+    async def _abort_generation_then_cancel(self, ep: Episode, inner: asyncio.Task) -> None:
+        try:
+            await asyncio.wait_for(self.m.ctx.abort_generation(ep.trajectory_id, f"{ep.abort_kind}: {ep.abort_reason}"),
+                                   1.0)
+        except (TimeoutError, Exception):  # noqa: BLE001 - cancelling the episode ends the stream anyway
+            pass
+        inner.cancel()
+
+    def stop(self, mode: str) -> bool:
+        """Asks the loop to stop; True when it had a trajectory that this aborts."""
+        if self.stopped:
+            return False
+        self.stop_mode = "abort" if mode == "abort" or self.stop_mode == "abort" else "graceful"
+        self.wake.set()
+        if self.stop_mode == "abort":
+            return self.abort_episode("shutdown", "loop stopped")
+        return False
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self.wake.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    async def run(self) -> None:
+        cfg = self.m.cfg
+        backoff = cfg.backoff_seconds
+        limit = self.group.request.max_trajectories_per_loop
+        setup_failures = 0
+        try:
+            while not self.stop_mode and (limit == 0 or self.done < limit):
+                if self.m.draining:
+                    self.set_state("BACKOFF")
+                    await self._sleep(0.25)
+                    continue
+                self.set_state("ACQUIRING")
+                try:
+                    lease = await self.m.acquire(self)
+                except LedgerError as exc:
+                    self.last_error = str(exc)
+                    self.set_state("BACKOFF")
+                    await self._sleep(backoff)
+                    backoff = min(backoff * 2, cfg.max_backoff_seconds)
+                    continue
+                backoff = cfg.backoff_seconds
+                if lease is None:
+                    continue
+                if self.stop_mode:
+                    await self.m.release(lease, self.holder, lp.RELEASE_REASON_SHUTDOWN, "loop stopping")
+                    break
+                outcome = await self.run_lease(lease)
+                self.done += 1
+                if outcome in SETUP_CAUSES:
+                    setup_failures += 1
+                    if setup_failures >= MAX_CONSECUTIVE_SETUP_FAILURES:
+                        self.set_state("FAILED")
+                        return
+                else:
+                    setup_failures = 0
+                if outcome not in ("ok", "cancelled", "rejected"):  # a failure: do not hammer a broken setup
+                    self.set_state("BACKOFF")
+                    await self._sleep(min(cfg.backoff_seconds * 2 ** max(setup_failures - 1, 0),
+                                            cfg.max_backoff_seconds) if setup_failures else 0.05)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug: say so, stop this loop only
+            log.exception("loop failed", extra=log_fields(loop_id=self.loop_id))
+            self.last_error = f"internal error: {exc}"
+            self.set_state("FAILED")
+        finally:
+            if self.reusable is not None:
+                self.m.dispose(self.reusable, kill=False)
+                self.reusable = None
+            if self.state != LS.LOOP_STATE_FAILED:
+                self.set_state("STOPPED")
+
+    async def run_lease(self, lease: lp.Lease) -> str:
+        """One trajectory for one lease, settled. Returns the outcome ("ok", "rejected", "cancelled", a cause)."""
+        m = self.m
+        started = time.monotonic()
+        try:
+            spec = m.episode_spec(self.group, lease)
+        except InfraFailure as exc:
+            ep = Episode(new_trajectory_id(), self.loop_id, lease.prompt.environment, lease.prompt.task, lease=lease)
+            await self._failed(ep, exc)
+            return exc.cause
+        ep = Episode(new_trajectory_id(), self.loop_id, spec.config.environment, spec.task, lease=lease)
+        self.episode = ep
+        m.by_lease[lease.lease_id] = self
+        m.by_trajectory[ep.trajectory_id] = self
+        self.inner = asyncio.create_task(self._episode(ep, spec), name=f"episode-{ep.trajectory_id}")
+        renew = asyncio.create_task(self._renew(ep), name=f"renew-{lease.lease_id}")
+        try:
+            try:
+                await asyncio.wait({self.inner})
+            except asyncio.CancelledError:  # the manager is stopping: abort, release, re-raise
+                self.abort_episode("shutdown", "envmanager stopping")
+                await asyncio.shield(self._aborted(ep))
+                raise
+            finally:
+                renew.cancel()
+                m.by_lease.pop(lease.lease_id, None)
+                m.by_trajectory.pop(ep.trajectory_id, None)
+            inner = self.inner
+            if inner.cancelled() or (ep.abort_kind and inner.exception() is not None):
+                await self._aborted(ep)  # ours (the stream may have ended ABORTED before the cancel landed)
+                return "cancelled"
+            exc = inner.exception()
+            if exc is None:
+                return await self._settle(ep, spec, inner.result())
+            if isinstance(exc, ExternalAbort):
+                ep.abort_kind, ep.abort_reason = "external", str(exc)
+                await self._aborted(ep)
+                return "cancelled"
+            if not isinstance(exc, InfraFailure):
+                log.error("episode failed unexpectedly", exc_info=exc,
+                          extra=log_fields(trajectory_id=ep.trajectory_id))
+                exc = InfraFailure("internal", f"{type(exc).__name__}: {exc}")
+            await self._failed(ep, exc)
+            return exc.cause
+        finally:
+            metrics.EPISODE_SECONDS.observe(time.monotonic() - started)
+            self.episode, self.inner = None, None
+
+    async def _episode(self, ep: Episode, spec: EpisodeSpec) -> common_pb2.Trajectory:
+        m = self.m
+        handle = self.reusable
+        self.reusable = None
+        if handle is not None and (handle.broken or handle.env.config != spec.config):
+            m.dispose(handle, kill=False)
+            handle = None
+        try:
+            traj, handle = await m.ctx.run(ep, spec, handle, self.latency, self.set_state)
+        except BaseException:
+            if ep.handle is not None:  # abandoned or failed: kill and close it without blocking this loop
+                m.dispose(ep.handle, kill=True)
+            raise
+        if m.cfg.reuse_environments and not handle.broken:
+            self.reusable = handle
+        else:
+            self.set_state("CLOSING")
+            try:
+                await handle.call(handle.env.close)
+            except Exception as exc:  # noqa: BLE001 - the episode is complete; a failing close is only logged
+                log.warning("closing the environment failed: %s", exc, extra=log_fields(trajectory_id=ep.trajectory_id))
+        return traj
+
+    async def _renew(self, ep: Episode) -> None:
+        lease = ep.lease
+        assert lease is not None
+        # The lease's time-to-live on the ledger's clock; after a renewal, also what is left of the new expiry
+        # on ours (the ledger's TTL adapts and may have shrunk): renew at the earlier of the two.
+        ttl = max(ts_secs(lease.expires_at) - ts_secs(lease.issued_at), 0.3)
+        left = ttl
+        while True:
+            await asyncio.sleep(max(min(ttl, left) * self.m.cfg.renew_fraction, 0.1))
+            try:
+                stub = await self.m.peers.ledger.stub()
+                resp = await stub.RenewLease(lp.RenewLeaseRequest(lease_id=lease.lease_id, holder=self.holder),
+                                             timeout=self.m.cfg.rpc_timeout_seconds)
+            except (aio.AioRpcError, PeerUnavailable) as exc:
+                details = exc.details() if isinstance(exc, aio.AioRpcError) else str(exc)
+                if isinstance(exc, aio.AioRpcError) and exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    self.abort_episode("expired", f"lease {lease.lease_id} is held by someone else: {details}")
+                    return
+                log.warning("lease renewal failed: %s", details, extra=log_fields(lease_id=lease.lease_id))
+                continue
+            state = resp.lease.state
+            if state == lp.LEASE_STATE_ACTIVE:
+                lease.expires_at.CopyFrom(resp.lease.expires_at)
+                left = ts_secs(lease.expires_at) - time.time()
+                continue
+            if state == lp.LEASE_STATE_CANCELLED:
+                self.abort_episode("cancelled", f"lease cancelled ({lp.CancelReason.Name(resp.lease.cancel_reason)})")
+            else:
+                self.abort_episode("expired", f"lease is {lp.LeaseState.Name(state)}")
+            return
+
+    # -- settlement ------------------------------------------------------------------------------------------
+    async def _settle(self, ep: Episode, spec: EpisodeSpec, traj: common_pb2.Trajectory) -> str:
+        m = self.m
+        lease = ep.lease
+        assert lease is not None
+        traj.lease_id = lease.lease_id
+        traj.prompt_id = lease.prompt.prompt_id
+        traj.group_id = lease.group_id
+        traj.sample_index = lease.sample_index
+        traj.lease_version = lease.version
+        self.counters.trajectories += 1
+        self.counters.turns += ep.turns
+        self.counters.tokens_generated += ep.tokens_generated
+        self.set_state("SETTLING")
+        scoring = m.start_scoring(traj, spec.reward)  # scoring runs while the ledger settles
+        work = [lp.ActorWork(actor_id=a, tokens=int(w[0]), generation_time=dur(w[1])) for a, w in ep.work.items()
+                if a and a != "unknown"]
+        try:
+            resp = await m.submit(traj, self.holder, work, lease)
+        except LedgerError as exc:
+            scoring.cancel()
+            self.counters.rejected += 1
+            self.last_error = f"settlement failed: {exc}"
+            metrics.TRAJECTORIES.labels("settle_failed").inc()
+            return "settle-failed"
+        if resp.admitted:
+            self.counters.admitted += 1
+            metrics.TRAJECTORIES.labels("admitted").inc()
+            m.record_when_scored(traj.trajectory_id, scoring)
+            return "ok"
+        scoring.cancel()
+        self.counters.rejected += 1
+        reason = lp.RejectionReason.Name(resp.reason)
+        self.last_error = f"trajectory {traj.trajectory_id} rejected: {reason} {resp.detail}".strip()
+        metrics.TRAJECTORIES.labels("rejected").inc()
+        log.info("trajectory rejected", extra=log_fields(trajectory_id=traj.trajectory_id, reason=reason,
+                                                          detail=resp.detail))
+        return "rejected"
+
+    async def _failed(self, ep: Episode, exc: InfraFailure) -> None:
+        """An infrastructure failure or timeout: reported with its cause, the sample goes back to the pool."""
+        self.counters.trajectories += 1
+        self.counters.turns += ep.turns
+        self.counters.tokens_generated += ep.tokens_generated
+        if exc.status == TIMEOUT:
+            self.counters.timeouts += 1
+        else:
+            self.counters.infra_failures += 1
+        self.m.failures[exc.cause] += 1
+        metrics.FAILURES.labels(exc.cause).inc()
+        metrics.TRAJECTORIES.labels("timeout" if exc.status == TIMEOUT else "infra_failure").inc()
+        self.last_error = f"trajectory {ep.trajectory_id}: {exc}"
+        log.warning("trajectory failed", extra=log_fields(trajectory_id=ep.trajectory_id, cause=exc.cause,
+                                                           error=exc.message[:500]))
+        if ep.tokens_generated:  # tokens of a failed turn may still be generating on an actor
+            self.m.spawn(self.m.ctx.abort_generation(ep.trajectory_id, f"failed: {exc.cause}"))
+        reason = lp.RELEASE_REASON_TIMEOUT if exc.status == TIMEOUT else lp.RELEASE_REASON_INFRA_FAILURE
+        if ep.lease is not None:
+            await self.m.release(ep.lease, self.holder, reason, str(exc)[:1000])
+
+    async def _aborted(self, ep: Episode) -> None:
+        """The trajectory was aborted: stop its generation, give the lease back (not for an expired one)."""
+        kind = ep.abort_kind or "shutdown"
+        self.counters.trajectories += 1
+        self.counters.cancelled += 1
+        self.counters.turns += ep.turns
+        self.counters.tokens_generated += ep.tokens_generated
+        metrics.TRAJECTORIES.labels("cancelled").inc()
+        if ep.abort_at:
+            metrics.CANCEL_SECONDS.observe(time.monotonic() - ep.abort_at)
+        self.m.spawn(self.m.ctx.abort_generation(ep.trajectory_id, f"{kind}: {ep.abort_reason}"))
+        self.last_error = f"trajectory {ep.trajectory_id} aborted ({kind}): {ep.abort_reason}"
+        log.info("trajectory aborted", extra=log_fields(trajectory_id=ep.trajectory_id, kind=kind,
+                                                         reason=ep.abort_reason, lease_id=ep.lease_id))
+        if ep.lease is not None and kind in RELEASE_FOR:
+            await self.m.release(ep.lease, self.holder, RELEASE_FOR[kind], ep.abort_reason[:1000])
+
+
+class Manager:
+    def __init__(self, cfg: EnvManagerConfig, registry: EnvRegistry | None = None) -> None:
+        self.cfg = cfg
+        self.manager_id = cfg.manager_id or f"envmanager-{socket.gethostname()}-{os.getpid()}"
+        self.registry = registry or default_registry()
+        for entry in cfg.environments:
+            self.registry.register_from_mapping(entry, replace=True)
+        self.peers = Peers(cfg)
+        self.executor = concurrent.futures.ThreadPoolExecutor(cfg.env_threads, thread_name_prefix="env")
+        self.ctx = EpisodeContext(cfg, self.peers, self.registry, self.executor)
+        self.base_limits = SandboxLimits(**cfg.sandbox.model_dump())
+        self.groups: dict[str, Group] = {}
+        self.by_lease: dict[str, Loop] = {}
+        self.by_trajectory: dict[str, Loop] = {}
+        self.oneoff: dict[str, Episode] = {}  # RunEpisode trajectories in flight
+        self.oneoff_tasks: dict[str, asyncio.Task] = {}
+        self.failures: Counter[str] = Counter()
+        self.rewards_pending = 0
+        self.draining = False
+        self.started_at = now_ts()
+        self._tasks: set[asyncio.Task] = set()
+        self._watches: dict[str, asyncio.Task] = {}
+        self._closing = False
+
+    # -- background work ---------------------------------------------------------------------------------------
+    def spawn(self, coro: Any, *, fresh_context: bool = False) -> asyncio.Task:
+        # Loops start from an empty context: their spans and baggage are their own, not the RPC's that started them.
+        task = asyncio.create_task(coro, context=contextvars.Context() if fresh_context else None)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def dispose(self, handle: Any, kill: bool) -> None:
+        """Kills (when asked) and closes an environment in the background, after its in-flight call returned."""
+        wait_s = self.base_limits.step_timeout_s + 5
+
+        async def run() -> None:
+            if kill:
+                await run_blocking(self.executor, handle.kill)
+            await run_blocking(self.executor, handle.close_blocking, wait_s)
+
+        self.spawn(run())
+
+    # -- ledger calls -----------------------------------------------------------------------------------------
+    async def _ledger(self) -> Any:
+        try:
+            return await self.peers.ledger.stub()
+        except PeerUnavailable as exc:
+            raise LedgerError(str(exc)) from None
+
+    async def acquire(self, loop: Loop) -> lp.Lease | None:
+        stub = await self._ledger()
+        self.ensure_watch(loop.group.holder_prefix)
+        wait = self.cfg.lease_wait_seconds
+        t0 = time.monotonic()
+        try:
+            resp = await stub.AcquireLeases(
+                lp.AcquireLeasesRequest(holder=loop.holder, max_leases=1, tasks=loop.group.lease_tasks,
+                                        wait=dur(wait), region=self.cfg.region),
+                timeout=wait + self.cfg.rpc_timeout_seconds)
+        except aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                await self.peers.ledger.forget()
+            raise LedgerError(f"AcquireLeases: {exc.code().name}: {exc.details()}") from None
+        if resp.leases:
+            return resp.leases[0]
+        if time.monotonic() - t0 < 0.05:  # the ledger answered at once (e.g. no version yet): do not spin
+            await asyncio.sleep(min(max(secs(resp.retry_after), 0.05), 1.0))
+        return None
+
+    async def release(self, lease: lp.Lease, holder: str, reason: int, cause: str) -> None:
+        try:
+            stub = await self._ledger()
+            await stub.ReleaseLease(lp.ReleaseLeaseRequest(lease_id=lease.lease_id, holder=holder, reason=reason,
+                                                           cause=cause), timeout=self.cfg.rpc_timeout_seconds)
+        except (aio.AioRpcError, LedgerError) as exc:
+            # The lease then expires by itself and goes back to the pool.
+            log.warning("release failed: %s", exc, extra=log_fields(lease_id=lease.lease_id))
+
+    async def submit(self, traj: common_pb2.Trajectory, holder: str, work: list[lp.ActorWork],
+                     lease: lp.Lease) -> lp.SubmitResponse:
+        """Submit (idempotent), retried while the lease may still be settled in time."""
+        deadline = ts_secs(lease.expires_at) + 1.0
+        delay = 0.2
+        while True:
+            try:
+                stub = await self._ledger()
+                return await stub.Submit(lp.SubmitRequest(trajectory=traj, holder=holder, work=work),
+                                         timeout=self.cfg.rpc_timeout_seconds)
+            except aio.AioRpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or \
+                        time.time() > deadline:
+                    raise LedgerError(f"Submit: {exc.code().name}: {exc.details()}") from None
+            except LedgerError:
+                if time.time() > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    # -- lease cancellations ---------------------------------------------------------------------------------
+    def ensure_watch(self, holder_prefix: str) -> None:
+        """One HOLDER stream covers every holder under the subscriber id: ours, or a group's own prefix."""
+        sub = self.manager_id if (holder_prefix + "/").startswith(self.manager_id + "/") else holder_prefix
+        task = self._watches.get(sub)
+        if (task is None or task.done()) and not self._closing:
+            self._watches[sub] = self.spawn(self._watch(sub))
+
+    async def _watch(self, subscriber: str) -> None:
+        seq: int | None = None
+        backoff = 0.2
+        while not self._closing:
+            try:
+                stub = await self._ledger()
+                if seq is None:  # start from now: older commands concern leases this process does not hold
+                    status = await stub.GetStatus(lp.LedgerStatusRequest(versions_limit=1),
+                                                  timeout=self.cfg.rpc_timeout_seconds)
+                    seq = status.latest_command_sequence
+                call = stub.WatchCommands(lp.WatchCommandsRequest(
+                    subscriber_id=subscriber, kind=lp.SUBSCRIBER_KIND_HOLDER, from_sequence=seq,
+                    only_new=seq == 0))
+                async for cmd in call:
+                    seq = max(seq, cmd.sequence)
+                    backoff = 0.2
+                    self._command(cmd)
+            except asyncio.CancelledError:
+                raise
+            except aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
+                    seq = None  # missed commands: renewals will report those cancellations
+                elif exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    await self.peers.ledger.forget()
+                log.info("command stream ended: %s %s", exc.code().name, exc.details())
+            except LedgerError as exc:
+                log.info("command stream: %s", exc)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _command(self, cmd: lp.LedgerCommand) -> None:
+        what = cmd.WhichOneof("command")
+        if what == "cancel_leases":
+            why = lp.CancelReason.Name(cmd.cancel_leases.reason)
+            for lid in cmd.cancel_leases.lease_ids:
+                loop = self.by_lease.get(lid)
+                if loop is not None:
+                    loop.abort_episode("cancelled", f"lease cancelled by the ledger ({why})")
+            for tid in cmd.cancel_leases.trajectory_ids:
+                loop = self.by_trajectory.get(tid)
+                if loop is not None:
+                    loop.abort_episode("cancelled", f"trajectory cancelled by the ledger ({why})")
+        elif what == "drain":
+            self.draining = True
+            log.info("draining: no new leases (%s)", cmd.drain.reason)
+        elif what == "undrain":
+            self.draining = False
+
+    # -- reward ------------------------------------------------------------------------------------------------
+    def start_scoring(self, traj: common_pb2.Trajectory, spec: common_pb2.RewardSpec) -> asyncio.Task:
+        self.rewards_pending += 1
+        metrics.REWARDS_PENDING.inc()
+        task = asyncio.create_task(self._score(traj, spec), name=f"score-{traj.trajectory_id}")
+
+        def done(_t: asyncio.Task) -> None:
+            self.rewards_pending -= 1
+            metrics.REWARDS_PENDING.dec()
+
+        task.add_done_callback(done)
+        return task
+
+    async def _score(self, traj: common_pb2.Trajectory, spec: common_pb2.RewardSpec
+                     ) -> tuple[common_pb2.RewardOutcome | None, str]:
+        """(outcome, "") or (None, failure cause); retryable failures are retried a bounded number of times."""
+        cause = ""
+        req = rp.ScoreRequest(trajectory=traj, spec=spec, timeout=dur(self.cfg.reward_timeout_seconds))
+        for attempt in range(1 + self.cfg.reward_retries):
+            if attempt:
+                await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 5.0))
+            try:
+                stub = await self.peers.reward.stub()
+                res = await stub.Score(req, timeout=self.cfg.reward_timeout_seconds + 5)
+            except PeerUnavailable as exc:
+                cause = f"reward-unavailable: {exc}"
+                continue
+            except aio.AioRpcError as exc:
+                cause = f"reward-{exc.code().name.lower()}: {exc.details()}"
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    await self.peers.reward.forget()
+                    continue
+                if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED,
+                                  grpc.StatusCode.FAILED_PRECONDITION):
+                    break
+                continue
+            if res.status == rp.SCORE_STATUS_OK:
+                return res.outcome, ""
+            cause = f"{res.cause or rp.ScoreStatus.Name(res.status)}: {res.error[:300]}"
+            if not res.retryable:
+                break
+        return None, cause
+
+    def record_when_scored(self, trajectory_id: str, scoring: asyncio.Task) -> None:
+        async def record() -> None:
+            try:
+                outcome, cause = await scoring
+            except asyncio.CancelledError:
+                return
+            req = (lp.RecordRewardRequest(trajectory_id=trajectory_id, reward=outcome) if outcome is not None
+                   else lp.RecordRewardRequest(trajectory_id=trajectory_id, failed=True, failure_cause=cause[:1000]))
+            metrics.REWARDS.labels("scored" if outcome is not None else "failed").inc()
+            if outcome is None:
+                self.failures["reward-failed"] += 1
+                log.warning("scoring failed", extra=log_fields(trajectory_id=trajectory_id, cause=cause[:300]))
+            for attempt in range(5):
+                try:
+                    stub = await self._ledger()
+                    await stub.RecordReward(req, timeout=self.cfg.rpc_timeout_seconds)
+                    return
+                except (aio.AioRpcError, LedgerError) as exc:
+                    log.warning("RecordReward failed (attempt %d): %s", attempt + 1, exc)
+                    await asyncio.sleep(0.5 * 2 ** attempt)
+
+        self.spawn(record())
+
+    # -- groups and loops --------------------------------------------------------------------------------------
+    def episode_spec(self, group: Group, lease: lp.Lease | None, *, seed: int | None = None,
+                     prompt_text: str = "", metadata: dict[str, str] | None = None) -> EpisodeSpec:
+        env = group.request.env
+        config = group.config
+        prompt = lease.prompt if lease is not None else None
+        if prompt is not None and prompt.environment and prompt.environment != config.environment:
+            # The prompt names another environment: run it with the group's sandbox and latency settings.
+            config = TaskConfig(environment=prompt.environment, limits=config.limits, latency=config.latency,
+                                backend="")
+        try:
+            info, _backend, _turns = config.resolve(self.registry)
+        except Exception as exc:  # noqa: BLE001 - unknown environment or options: the sample cannot run here
+            raise InfraFailure("env-unavailable", str(exc)) from None
+        if prompt is not None and prompt.reward.kind:
+            reward = prompt.reward
+        elif env.reward.kind:
+            reward = env.reward
+        else:
+            reward = reward_spec(info)
+        sampling = common_pb2.SamplingParams()
+        sampling.CopyFrom(env.sampling)
+        sampling.logprobs = True  # RL needs the behaviour logprobs
+        md = dict(prompt.metadata) if prompt is not None else {}
+        md.update(metadata or {})
+        return EpisodeSpec(
+            config=config,
+            task=env.task or (prompt.task if prompt is not None and prompt.task else config.environment),
+            sampling=sampling,
+            max_context_tokens=env.max_context_tokens,
+            generation_timeout_s=secs(env.generation_timeout) or self.cfg.generation_timeout_seconds,
+            reward=reward,
+            seed=(prompt.seed if prompt is not None else seed),
+            prompt_text=prompt.text if prompt is not None else prompt_text,
+            prompt_messages=list(prompt.messages) if prompt is not None else [],
+            metadata=md,
+            preferred_actor=lease.assigned_actor_id if lease is not None else "",
+        )
+
+    def task_config(self, spec: envmanager_pb2.EnvironmentSpec) -> TaskConfig:
+        """The TaskConfig of an EnvironmentSpec (ValueError for anything invalid)."""
+        return TaskConfig.from_proto(spec, self.base_limits)
+
+    def start_group(self, request: envmanager_pb2.StartLoopsRequest, config: TaskConfig) -> Group:
+        prefix = request.holder_prefix or f"{self.manager_id}/{request.group_id}"
+        tasks = list(request.lease_tasks) or [request.env.task or request.env.environment]
+        group = Group(request, config, prefix, tasks)
+        self.groups[request.group_id] = group
+        for i in range(request.count):
+            loop = Loop(self, group, i)
+            group.loops.append(loop)
+            loop.task = self.spawn(loop.run(), fresh_context=True)
+        log.info("loops started", extra=log_fields(group_id=request.group_id, count=request.count,
+                                                    environment=config.environment))
+        return group
+
+    def loops(self) -> list[Loop]:
+        return [lo for g in self.groups.values() for lo in g.loops]
+
+    def active_loops(self) -> int:
+        return sum(1 for lo in self.loops() if not lo.stopped)
+
+    def counters(self) -> Counters:
+        total = Counters()
+        for g in self.groups.values():
+            total.add(g.counters())
+        return total
+
+    def in_flight(self, group_id: str = "") -> list[envmanager_pb2.TrajectoryInFlight]:
+        out = []
+        for lo in self.loops():
+            ep = lo.episode
+            if ep is None or (group_id and lo.group.group_id != group_id):
+                continue
+            out.append(self._in_flight(ep, lo.state))
+        if not group_id:
+            out += [self._in_flight(ep, LS.LOOP_STATE_GENERATING) for ep in self.oneoff.values()]
+        return out
+
+    @staticmethod
+    def _in_flight(ep: Episode, state: int) -> envmanager_pb2.TrajectoryInFlight:
+        lease = ep.lease
+        t = envmanager_pb2.TrajectoryInFlight(
+            trajectory_id=ep.trajectory_id, lease_id=ep.lease_id, loop_id=ep.loop_id, task=ep.task,
+            environment=ep.environment, turns=ep.turns, tokens_generated=ep.tokens_generated,
+            versions=sorted(ep.versions), actor_id=ep.actor_id, state=state, started_at=ep.started_at)
+        if lease is not None:
+            t.prompt_id, t.group_id, t.sample_index = lease.prompt.prompt_id, lease.group_id, lease.sample_index
+            t.lease_version = lease.version
+            t.lease_expires_at.CopyFrom(lease.expires_at)
+        return t
+
+    def status(self) -> envmanager_pb2.EnvManagerStatus:
+        by_state = Counter(LS.Name(lo.state) for lo in self.loops())
+        sandboxes = {f"SANDBOX_BACKEND_{b.upper()}": n for b, n in live_sandboxes().items()}
+        return envmanager_pb2.EnvManagerStatus(
+            manager_id=self.manager_id, loops_active=self.active_loops(), loops_by_state=dict(by_state),
+            trajectories_in_flight=len(self.in_flight()), sandboxes=sandboxes, counters=self.counters().proto(),
+            rewards_pending=self.rewards_pending, failures_by_cause=dict(self.failures), started_at=self.started_at)
+
+    async def close(self) -> None:
+        """Aborts every loop (leases released as SHUTDOWN), stops the watches, closes the environments."""
+        self._closing = True
+        loops = [lo for lo in self.loops() if lo.task is not None and not lo.task.done()]
+        for lo in loops:
+            lo.stop("abort")
+        if loops:
+            done, pending = await asyncio.wait([lo.task for lo in loops], timeout=5)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+        for w in self._watches.values():
+            w.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)
+        await self.peers.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,109 @@
+"""The envmanager's peers (ledger, LLMProxy, reward): addresses from configuration or the resource manager.
+
+A peer without a configured address is looked up by role in the resource manager when first needed, and looked
+up again after it became unreachable (a restarted service may come back elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from grpc import aio
+
+from rollart.discovery import resource_manager_channel
+from rollart.runtime.client import channel
+from rollart.v1 import ledger_pb2_grpc, llmproxy_pb2_grpc, reward_pb2_grpc
+from rollart.v1 import resource_manager_pb2 as rm
+from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
+
+from .config import EnvManagerConfig
+
+log = logging.getLogger(__name__)
+
+# Calls that are safe to repeat (the client retries them on UNAVAILABLE and waits for a restarting server).
+LEDGER_IDEMPOTENT = tuple(
+    f"rollart.v1.Ledger/{m}"
+    for m in ("RenewLease", "ReleaseLease", "Submit", "RecordReward", "GetVersion", "GetLease", "GetJobPolicy")
+)
+PROXY_IDEMPOTENT = ("rollart.v1.LLMProxy/Tokenize", "rollart.v1.LLMProxy/Abort")
+REWARD_IDEMPOTENT = ("rollart.v1.Reward/Score",)
+
+
+class PeerUnavailable(Exception):
+    """No address is configured or discoverable for a peer."""
+
+
+class Peer:
+    def __init__(self, role: str, cfg: EnvManagerConfig, address: str | None, stub_cls: Callable[[Any], Any],
+                 idempotent: tuple[str, ...]) -> None:
+        self.role = role
+        self.cfg = cfg
+        self.configured = address
+        self.address: str | None = address
+        self.stub_cls = stub_cls
+        self.idempotent = idempotent
+        self._channel: aio.Channel | None = None
+        self._stub: Any = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def known(self) -> bool:
+        return self.address is not None or self.cfg.resource_manager is not None
+
+    async def stub(self) -> Any:
+        if self._stub is not None:
+            return self._stub
+        async with self._lock:
+            if self._stub is None:
+                address = self.configured or await self._discover()
+                if address is None:
+                    raise PeerUnavailable(f"no {self.role} address: set `{self.role}` in the configuration or "
+                                          f"register a {self.role} with the resource manager")
+                self.address = address
+                self._channel = channel(address, token=self.cfg.token(), tls=self.cfg.tls,
+                                        idempotent=self.idempotent, default_timeout=self.cfg.rpc_timeout_seconds)
+                self._stub = self.stub_cls(self._channel)
+        return self._stub
+
+    async def _discover(self) -> str | None:
+        if not self.cfg.resource_manager:
+            return None
+        ch = resource_manager_channel(self.cfg.resource_manager, self.cfg.token(), self.cfg.tls)
+        try:
+            resp = await rm_grpc.ResourceManagerStub(ch).ListWorkers(rm.ListWorkersRequest(role=self.role))
+        except aio.AioRpcError as exc:
+            log.warning("%s discovery failed: %s", self.role, exc.details())
+            return None
+        finally:
+            await ch.close()
+        alive = [w for w in resp.workers if w.state != rm.WORKER_STATE_EXPIRED]
+        return alive[0].endpoint if alive else None
+
+    async def forget(self) -> None:
+        """Drop a discovered address (the peer became unreachable); the next call discovers it again."""
+        if self.configured is not None:
+            return
+        async with self._lock:
+            old, self._channel, self._stub = self._channel, None, None
+            self.address = None
+        if old is not None:
+            await old.close()
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel, self._stub = None, None
+
+
+class Peers:
+    def __init__(self, cfg: EnvManagerConfig) -> None:
+        self.ledger = Peer("ledger", cfg, cfg.ledger, ledger_pb2_grpc.LedgerStub, LEDGER_IDEMPOTENT)
+        self.llmproxy = Peer("llmproxy", cfg, cfg.llmproxy, llmproxy_pb2_grpc.LLMProxyStub, PROXY_IDEMPOTENT)
+        self.reward = Peer("reward", cfg, cfg.reward, reward_pb2_grpc.RewardStub, REWARD_IDEMPOTENT)
+
+    async def close(self) -> None:
+        for peer in (self.ledger, self.llmproxy, self.reward):
+            await peer.close()

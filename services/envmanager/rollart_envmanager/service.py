@@ -1,0 +1,349 @@
+"""The EnvManager gRPC service (``rollart.v1.EnvManager``): loop groups, trajectories in flight, one-off episodes.
+
+Validation happens before any state changes: a bad request is INVALID_ARGUMENT (unknown environment, a
+backend the environment does not support, bad numbers), FAILED_PRECONDITION when it cannot run here (the
+environment's package or sandbox backend is missing, no ledger to take leases from, a group id reused with
+another spec), NOT_FOUND for unknown loop or group ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import socket
+
+import grpc
+from grpc import aio
+
+from rollart.discovery import Registration
+from rollart.runtime.telemetry import log_fields
+from rollart.v1 import common_pb2, envmanager_pb2, envmanager_pb2_grpc
+from rollart.v1 import resource_manager_pb2 as rm
+
+from .config import ID_RE, EnvManagerConfig
+from .convert import list_environments
+from .envs.base import EnvConfigError, UnknownEnvironment
+from .envs.registry import TaskConfig
+from .episode import INFRA, Episode, InfraFailure, new_trajectory_id, now_ts
+from .manager import Group, Manager
+from .sandbox import availability
+
+log = logging.getLogger(__name__)
+LS = envmanager_pb2.LoopState
+MAX_TEXT = 1 << 20
+
+
+class Invalid(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def invalid(message: str) -> Invalid:
+    return Invalid(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def _duration_ok(name: str, d) -> None:
+    if d.seconds < 0 or d.nanos < 0:
+        raise invalid(f"{name} must not be negative")
+
+
+def _check_sampling(s: common_pb2.SamplingParams) -> None:
+    if not math.isfinite(s.temperature) or s.temperature < 0:
+        raise invalid("env.sampling.temperature must be >= 0")
+    if not math.isfinite(s.top_p) or not 0 <= s.top_p <= 1:
+        raise invalid("env.sampling.top_p must be within [0, 1]")
+    if s.max_tokens < 0:
+        raise invalid("env.sampling.max_tokens must be >= 0 (0: the envmanager's default)")
+    if s.top_k < -1:
+        raise invalid("env.sampling.top_k must be >= -1")
+
+
+class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
+    name = "envmanager"
+    service_names = [envmanager_pb2.DESCRIPTOR.services_by_name["EnvManager"].full_name]
+
+    def __init__(self, cfg: EnvManagerConfig) -> None:
+        self.cfg = cfg
+        self.manager = Manager(cfg)
+        self.registration: Registration | None = None
+        self._start_lock = asyncio.Lock()
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+    def add_to_server(self, server: aio.Server) -> None:
+        envmanager_pb2_grpc.add_EnvManagerServicer_to_server(self, server)
+
+    async def start(self) -> None:
+        pass
+
+    async def on_draining(self) -> None:
+        await self.manager.close()
+
+    async def stop(self) -> None:
+        await self.manager.close()
+        if self.registration is not None:
+            await self.registration.stop()
+
+    async def on_serving(self, address: str) -> None:
+        if not self.cfg.resource_manager:
+            return
+        worker = rm.Worker(
+            worker_id=self.manager.manager_id,
+            role="envmanager",
+            endpoint=address,
+            pool=self.cfg.rm_pool,
+            region=self.cfg.region,
+            hardware=common_pb2.Hardware(accelerator="cpu", count=os.cpu_count() or 1, tags=["envmanager"]),
+            labels={"host": socket.gethostname(), "max_loops": str(self.cfg.max_loops)},
+            ttl_seconds=10.0,
+        )
+        pool = None
+        if self.cfg.rm_register_pool:
+            pool = rm.Pool(name=self.cfg.rm_pool, kind=common_pb2.POOL_KIND_CPU, capacity=max(os.cpu_count() or 1, 1),
+                           region=self.cfg.region)
+        self.registration = Registration(self.cfg.resource_manager, worker, token=self.cfg.token(), tls=self.cfg.tls,
+                                         pool=pool)
+        await self.registration.start()
+
+    # -- helpers -------------------------------------------------------------------------------------------------
+    def _config(self, env: envmanager_pb2.EnvironmentSpec) -> TaskConfig:
+        if not env.environment:
+            raise invalid("env.environment is required")
+        if len(env.environment) > 256 or len(env.task) > 256:
+            raise invalid("env.environment and env.task must be at most 256 characters")
+        if env.max_turns < 0 or env.max_context_tokens < 0:
+            raise invalid("env.max_turns and env.max_context_tokens must be >= 0")
+        if len(env.system_prompt) > MAX_TEXT:
+            raise invalid("env.system_prompt is too long")
+        _check_sampling(env.sampling)
+        _duration_ok("env.generation_timeout", env.generation_timeout)
+        sb = env.sandbox
+        for name in ("time_budget", "step_timeout"):
+            _duration_ok(f"env.sandbox.{name}", getattr(sb, name))
+        if sb.cpu_limit < 0 or sb.memory_mib < 0 or sb.pids_limit < 0 or sb.workspace_mib < 0:
+            raise invalid("env.sandbox limits must be >= 0 (0: the default)")
+        if sb.backend not in envmanager_pb2.SandboxBackend.values():
+            raise invalid(f"env.sandbox.backend {sb.backend} is not a SandboxBackend")
+        if env.reward.kind not in common_pb2.ScorerKind.values():
+            raise invalid(f"env.reward.kind {env.reward.kind} is not a ScorerKind")
+        for name in ("mean", "stddev", "min", "max"):
+            _duration_ok(f"env.latency.{name}", getattr(env.latency, name))
+        try:
+            config = self.manager.task_config(env)
+            info, backend, _turns = config.resolve(self.manager.registry)
+        except UnknownEnvironment as exc:
+            raise invalid(str(exc)) from None
+        except (EnvConfigError, ValueError) as exc:
+            raise invalid(str(exc)) from None
+        ok, why = info.availability()
+        if not ok:
+            raise Invalid(grpc.StatusCode.FAILED_PRECONDITION, f"{info.id} cannot run here: {why}")
+        ok, why = availability(backend)
+        if not ok:
+            raise Invalid(grpc.StatusCode.FAILED_PRECONDITION, f"the {backend} sandbox backend is unavailable: {why}")
+        return config
+
+    async def _run(self, context: aio.ServicerContext, fn, *args):
+        try:
+            return await fn(*args)
+        except Invalid as exc:
+            await context.abort(exc.code, exc.message)
+
+    # -- RPCs ------------------------------------------------------------------------------------------------------
+    async def ListEnvironments(self, request, context):
+        try:
+            return list_environments(request, self.manager.registry)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def StartLoops(self, request: envmanager_pb2.StartLoopsRequest, context) -> envmanager_pb2.LoopGroup:
+        return await self._run(context, self._start_loops, request)
+
+    async def _start_loops(self, request: envmanager_pb2.StartLoopsRequest) -> envmanager_pb2.LoopGroup:
+        m = self.manager
+        if not request.group_id or not ID_RE.match(request.group_id):
+            raise invalid(f"group_id is required and must match {ID_RE.pattern}")
+        if request.count <= 0:
+            raise invalid("count must be > 0")
+        if request.max_trajectories_per_loop < 0:
+            raise invalid("max_trajectories_per_loop must be >= 0 (0: until stopped)")
+        if request.holder_prefix and (not ID_RE.match(request.holder_prefix) or len(request.holder_prefix) > 150):
+            raise invalid(f"holder_prefix must match {ID_RE.pattern} (at most 150 characters)")
+        if len(request.lease_tasks) > 100 or any(not t or len(t) > 256 for t in request.lease_tasks):
+            raise invalid("lease_tasks: at most 100 non-empty tags of at most 256 characters")
+        async with self._start_lock:
+            existing = m.groups.get(request.group_id)
+            if existing is not None:
+                if existing.key != request.SerializeToString(deterministic=True):
+                    raise Invalid(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"loop group {request.group_id!r} exists with another spec")
+                return existing.proto()
+            config = self._config(request.env)
+            if not m.peers.ledger.known:
+                raise Invalid(grpc.StatusCode.FAILED_PRECONDITION,
+                              "no ledger configured (set `ledger` or `resource_manager`): loops take leases from it")
+            if m.active_loops() + request.count > self.cfg.max_loops:
+                raise Invalid(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"{request.count} more loops exceed max_loops={self.cfg.max_loops} "
+                              f"({m.active_loops()} running)")
+            group = m.start_group(request, config)
+        return group.proto()
+
+    def _targets(self, group_ids, loop_ids) -> list:
+        m = self.manager
+        out = []
+        for gid in group_ids:
+            group = m.groups.get(gid)
+            if group is None:
+                raise Invalid(grpc.StatusCode.NOT_FOUND, f"no loop group {gid!r}")
+            out += group.loops
+        by_id = {lo.loop_id: lo for lo in m.loops()}
+        for lid in loop_ids:
+            if lid not in by_id:
+                raise Invalid(grpc.StatusCode.NOT_FOUND, f"no loop {lid!r}")
+            out.append(by_id[lid])
+        return list(dict.fromkeys(out))
+
+    async def StopLoops(self, request: envmanager_pb2.StopLoopsRequest, context) -> envmanager_pb2.StopLoopsResponse:
+        async def run() -> envmanager_pb2.StopLoopsResponse:
+            if not request.group_ids and not request.loop_ids:
+                raise invalid("name group_ids or loop_ids to stop")
+            if request.mode not in envmanager_pb2.LoopStopMode.values():
+                raise invalid(f"mode {request.mode} is not a LoopStopMode")
+            loops = self._targets(request.group_ids, request.loop_ids)
+            mode = "abort" if request.mode == envmanager_pb2.LOOP_STOP_MODE_ABORT else "graceful"
+            released = sum(1 for lo in loops if lo.stop(mode))
+            for gid in request.group_ids:
+                self.manager.groups[gid].stop_requested = True
+            stopped = all(lo.stopped for lo in loops)
+            if request.wait and not stopped:
+                tasks = [lo.task for lo in loops if lo.task is not None and not lo.task.done()]
+                remaining = context.time_remaining()
+                timeout = None if remaining is None or remaining > 1e8 else max(remaining - 0.2, 0.0)
+                if tasks:
+                    await asyncio.wait(tasks, timeout=timeout)
+                stopped = all(lo.stopped for lo in loops)
+            return envmanager_pb2.StopLoopsResponse(loop_ids=[lo.loop_id for lo in loops], leases_released=released,
+                                                    stopped=stopped)
+
+        return await self._run(context, run)
+
+    async def ListLoopGroups(self, request, context) -> envmanager_pb2.ListLoopGroupsResponse:
+        groups = [g for g in self.manager.groups.values()
+                  if request.include_stopped or g.state() not in (envmanager_pb2.LOOP_GROUP_STATE_STOPPED,
+                                                                  envmanager_pb2.LOOP_GROUP_STATE_FAILED)]
+        return envmanager_pb2.ListLoopGroupsResponse(groups=[g.proto() for g in groups])
+
+    async def ListLoops(self, request: envmanager_pb2.ListLoopsRequest, context) -> envmanager_pb2.ListLoopsResponse:
+        if any(s not in LS.values() for s in request.states):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "states holds a value that is not a LoopState")
+        if request.group_id and request.group_id not in self.manager.groups:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no loop group {request.group_id!r}")
+        states = set(request.states)
+        loops = [lo for lo in self.manager.loops()
+                 if (not request.group_id or lo.group.group_id == request.group_id)
+                 and (not states or lo.state in states)]
+        return envmanager_pb2.ListLoopsResponse(loops=[lo.proto() for lo in loops])
+
+    async def ListTrajectories(self, request, context) -> envmanager_pb2.ListTrajectoriesResponse:
+        return envmanager_pb2.ListTrajectoriesResponse(trajectories=self.manager.in_flight(request.group_id))
+
+    async def AbortTrajectories(self, request: envmanager_pb2.AbortTrajectoriesRequest,
+                                context) -> envmanager_pb2.AbortTrajectoriesResponse:
+        if not request.trajectory_ids:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "trajectory_ids is required")
+        if len(request.trajectory_ids) > 10_000 or len(request.reason) > 1000:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "at most 10000 ids and a 1000-character reason")
+        aborted = []
+        reason = request.reason or "aborted through AbortTrajectories"
+        for tid in dict.fromkeys(request.trajectory_ids):
+            loop = self.manager.by_trajectory.get(tid)
+            if loop is not None and loop.abort_episode("aborted", reason):
+                aborted.append(tid)
+            elif tid in self.manager.oneoff:
+                task = self.manager.oneoff_tasks.get(tid)
+                if task is not None and not task.done():
+                    task.cancel()
+                    aborted.append(tid)
+        return envmanager_pb2.AbortTrajectoriesResponse(aborted=aborted)
+
+    async def RunEpisode(self, request: envmanager_pb2.RunEpisodeRequest, context) -> envmanager_pb2.RunEpisodeResponse:
+        return await self._run(context, self._run_episode, request)
+
+    async def _run_episode(self, request: envmanager_pb2.RunEpisodeRequest) -> envmanager_pb2.RunEpisodeResponse:
+        m = self.manager
+        if not request.HasField("env"):
+            raise invalid("env is required")
+        tid = request.trajectory_id or new_trajectory_id()
+        if not ID_RE.match(tid):
+            raise invalid(f"trajectory_id must match {ID_RE.pattern}")
+        if tid in m.oneoff or tid in m.by_trajectory:
+            raise Invalid(grpc.StatusCode.ALREADY_EXISTS, f"trajectory {tid} is in flight")
+        if len(request.prompt_text) > MAX_TEXT:
+            raise invalid("prompt_text is too long")
+        config = self._config(request.env)
+        group = Group(envmanager_pb2.StartLoopsRequest(group_id="episode", env=request.env, count=1), config,
+                      "", [])
+        spec = m.episode_spec(group, None, seed=request.seed, prompt_text=request.prompt_text,
+                              metadata=dict(request.metadata))
+        ep = Episode(tid, "", config.environment, spec.task)
+        latency = config.latency.sampler(tid) if config.latency.enabled else None
+        m.oneoff[tid] = ep
+        task = asyncio.create_task(m.ctx.run(ep, spec, None, latency, lambda _s: None))
+        m.oneoff_tasks[tid] = task
+        try:
+            try:
+                traj, handle = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
+            finally:
+                m.oneoff.pop(tid, None)
+                m.oneoff_tasks.pop(tid, None)
+            m.dispose(handle, kill=False)
+        except asyncio.CancelledError:
+            if ep.handle is not None:
+                m.dispose(ep.handle, kill=True)
+            if task.cancelled():  # aborted through AbortTrajectories: the generation is ended before the answer
+                await m.ctx.abort_generation(tid, "aborted through AbortTrajectories")
+                traj = common_pb2.Trajectory(trajectory_id=tid, task=spec.task, started_at=ep.started_at,
+                                             status=common_pb2.TRAJECTORY_STATUS_CANCELLED,
+                                             failure_cause="aborted through AbortTrajectories")
+                return envmanager_pb2.RunEpisodeResponse(trajectory=traj)
+            m.spawn(m.ctx.abort_generation(tid, "RunEpisode cancelled by its caller"))
+            raise
+        except InfraFailure as exc:
+            if ep.handle is not None:
+                m.dispose(ep.handle, kill=True)
+            m.failures[exc.cause] += 1
+            traj = common_pb2.Trajectory(trajectory_id=tid, task=spec.task, started_at=ep.started_at,
+                                         finished_at=now_ts(), status=exc.status or INFRA, failure_cause=str(exc))
+            return envmanager_pb2.RunEpisodeResponse(trajectory=traj)
+        except Exception as exc:  # noqa: BLE001 - ExternalAbort and friends: reported, not raised
+            if ep.handle is not None:
+                m.dispose(ep.handle, kill=True)
+            traj = common_pb2.Trajectory(trajectory_id=tid, task=spec.task, started_at=ep.started_at,
+                                         finished_at=now_ts(), status=common_pb2.TRAJECTORY_STATUS_CANCELLED,
+                                         failure_cause=f"{type(exc).__name__}: {exc}")
+            return envmanager_pb2.RunEpisodeResponse(trajectory=traj)
+        resp = envmanager_pb2.RunEpisodeResponse(trajectory=traj)
+        if request.score:
+            outcome, cause = await m.start_scoring(traj, spec.reward)
+            if outcome is not None:
+                resp.trajectory.reward = outcome.reward
+                resp.trajectory.scored = True
+                resp.reward.CopyFrom(outcome)
+            else:
+                resp.trajectory.metadata["reward_failure"] = cause[:1000]
+        log.info("episode run", extra=log_fields(trajectory_id=tid, environment=config.environment,
+                                                  turns=len(traj.turns)))
+        return resp
+
+    async def GetStatus(self, request, context) -> envmanager_pb2.EnvManagerStatus:
+        return self.manager.status()
+
+
+__all__ = ["EnvManagerService"]
