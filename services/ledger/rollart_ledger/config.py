@@ -11,6 +11,9 @@ JOB_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
 class LedgerConfig(ServiceConfig):
     listen: str = "127.0.0.1:50052"
+    # Pool the ledger registers in (role "ledger") when a resource manager is configured, so that envmanagers,
+    # actors and the trainer can discover it; created as a CPU pool when missing.
+    rm_pool: str = "control"
     # Redis holding the state (redis://host:port/db). Run it with AOF (appendfsync always) for durability.
     redis_url: str = "redis://127.0.0.1:6379/1"
     # Prefix of every key; one ledger (one job) per prefix.

@@ -26,8 +26,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError, WatchError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from rollart.discovery import Registration
 from rollart.runtime.telemetry import log_fields
 from rollart.v1 import common_pb2
+from rollart.v1 import resource_manager_pb2 as rm
 from rollart.v1 import ledger_pb2 as lp
 from rollart.v1 import ledger_pb2_grpc as lg
 
@@ -168,7 +170,26 @@ class LedgerService(lg.LedgerServicer):
         await self._script("ensure_policy", args)
         self._reaper = asyncio.create_task(self._reap_loop(), name="ledger-reaper")
 
+    async def on_serving(self, address: str) -> None:
+        if not self.cfg.resource_manager:
+            return
+        worker = rm.Worker(
+            worker_id=f"ledger-{self.cfg.job_id or 'default'}",
+            role="ledger",
+            endpoint=address,
+            pool=self.cfg.rm_pool,
+            hardware=common_pb2.Hardware(accelerator="cpu", count=1, tags=["ledger"]),
+            ttl_seconds=10.0,
+        )
+        pool = rm.Pool(name=self.cfg.rm_pool, kind=common_pb2.POOL_KIND_CPU, capacity=64)
+        self._registration = Registration(
+            self.cfg.resource_manager, worker, token=self.cfg.token(), tls=self.cfg.tls, pool=pool
+        )
+        await self._registration.start()
+
     async def stop(self) -> None:
+        if getattr(self, "_registration", None) is not None:
+            await self._registration.stop()
         if self._reaper is not None:
             self._reaper.cancel()
             try:
