@@ -29,9 +29,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rollart.discovery import Registration
 from rollart.runtime.telemetry import log_fields
 from rollart.v1 import common_pb2
-from rollart.v1 import resource_manager_pb2 as rm
 from rollart.v1 import ledger_pb2 as lp
 from rollart.v1 import ledger_pb2_grpc as lg
+from rollart.v1 import resource_manager_pb2 as rm
 
 from . import codec, scheduling
 from . import policy as pol
