@@ -1,0 +1,187 @@
+"""Actor configuration: the served model, the vLLM engine, where it registers, and its weight sources.
+
+Every key can come from the YAML file (``--config``) or a ``ROLLART_<KEY>`` variable (``ROLLART_MODEL=/m``,
+``ROLLART_HARDWARE__TAGS='[decode, avx512]'``); see ``rollart.runtime.config``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from rollart.runtime.config import ServiceConfig, StrictModel, _check_address
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+
+
+class HardwareConfig(StrictModel):
+    # Accelerator model ("cpu", "H800", ...); empty: detected (the CUDA device name, else "cpu").
+    accelerator: str = ""
+    # Accelerators (or CPU cores); 0: detected.
+    count: int = Field(0, ge=0)
+    # Accelerator (or host) memory in GiB; 0: detected.
+    memory_gib: float = Field(0.0, ge=0)
+    # Tags that affinity rules match on, e.g. "decode", "avx512", "region:us-east".
+    tags: list[str] = []
+
+
+class WeightSourceConfig(StrictModel):
+    # gRPC endpoint of the relay the delta subscriber follows (None: deltas are only pushed with StageDelta).
+    relay_endpoint: str | None = None
+    # Tried in order when the relay fails (peer relays, the trainer).
+    fallback_endpoints: list[str] = []
+    # Parallel TCP streams S asked from the relay.
+    streams: int = Field(4, ge=1, le=64)
+    # Checkpoint store (directory or s3:// URL) for full checkpoints (joiners, LoadCheckpoint by version).
+    checkpoint_store: str | None = None
+
+    @field_validator("relay_endpoint")
+    @classmethod
+    def _ep(cls, value: str | None) -> str | None:
+        return None if value in (None, "") else _check_address(value)
+
+    @field_validator("fallback_endpoints")
+    @classmethod
+    def _fbs(cls, value: list[str]) -> list[str]:
+        return [_check_address(v) for v in value]
+
+
+class ActorConfig(ServiceConfig):
+    listen: str = "127.0.0.1:50055"
+
+    # ---- model ----
+    # Hugging Face checkpoint directory (or a model name the engine can load offline).
+    model: str | None = None
+    # Build the tiny test model (`rollart model tiny`) at `model` when that folder holds no config.json.
+    build_tiny_model: bool = False
+    tiny_model_pretrain_steps: int = Field(0, ge=0)
+    tiny_model_seed: int = 0
+    # Name reported to clients (default: the model path's last component).
+    served_model_name: str | None = None
+    # Version and h(v) of the weights in `model` (a trainer's version-0 export, or a later full checkpoint).
+    weight_version: int = Field(0, ge=0)
+    weight_hash: str | None = None
+
+    # ---- identity and placement ----
+    # Stable id (default: actor-<host>-<port> of the bound address).
+    actor_id: str | None = None
+    pool: str = "cpu"
+    pool_kind: Literal["cpu", "gpu-compute", "gpu-bandwidth"] = "cpu"
+    # Create the pool at the resource manager when it does not exist (an existing pool is never replaced).
+    register_pool: bool = True
+    region: str = "local"
+    hardware: HardwareConfig = HardwareConfig()
+    pd_role: Literal["unified", "prefill", "decode"] = "unified"
+    # Heartbeat TTL at the resource manager.
+    registration_ttl_seconds: float = Field(10.0, gt=0)
+    # Job ledger address: register there and send ActorHeartbeat (weight state, tokens/s). None: no ledger.
+    ledger: str | None = None
+    ledger_heartbeat_seconds: float = Field(2.0, gt=0)
+
+    # ---- weights ----
+    # The job whose deltas this actor accepts, and its segment key (HMAC of every delta segment).
+    job_id: str = "default"
+    job_key: SecretStr | None = None
+    job_key_file: Path | None = None
+    weight_source: WeightSourceConfig = WeightSourceConfig()
+    # Mooncake master "host:port" for full-weight buckets (set by `rollart up` when it runs one).
+    mooncake_master: str | None = None
+    # Staged versions kept at most (older incomplete ones are dropped first).
+    max_staged_versions: int = Field(8, ge=1)
+
+    # ---- engine (vLLM) ----
+    # GiB of KV cache on CPU (VLLM_CPU_KVCACHE_SPACE; whole GiB).
+    kv_cache_gib: int = Field(1, ge=1)
+    # Fraction of GPU memory for the engine (CUDA only).
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    # None: the model's own maximum.
+    max_model_len: int | None = Field(None, ge=16)
+    max_num_seqs: int = Field(64, ge=1)
+    dtype: str = "auto"
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    # Chunked prefill; None: off on CPU, vLLM's default on GPUs. vllm-cpu 0.32 kills its engine when a request
+    # with a seed is prefilled in parts ("CPU Generator does not use offset"), which happens whenever more
+    # prompt tokens arrive at once than one step takes (e.g. re-prefills after a weight update). Off, every
+    # prompt is prefilled in one step (the step budget grows to max_model_len).
+    chunked_prefill: bool | None = None
+    # "priority" honours ActorGenerateRequest.priority; "fcfs" rejects a non-zero priority.
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"
+    # Which logprob a token carries: vLLM's raw model distribution or the processed (temperature,
+    # penalties) one the token was sampled from.
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
+    seed: int = 0
+    # vLLM KV-transfer connector config for PD disaggregation (vLLM's KVTransferConfig as a mapping).
+    kv_transfer_config: dict[str, Any] | None = None
+    # Extra AsyncEngineArgs, passed as is (e.g. tensor_parallel_size on GPUs).
+    engine_args: dict[str, Any] = {}
+    # vLLM's files (IPC sockets, temporary files); None: a private temporary folder removed at exit.
+    work_dir: Path | None = None
+    # vLLM's model-inspection cache, reused across starts (a cold one costs ~9 s per start).
+    vllm_cache_dir: Path | None = None
+
+    # ---- generation ----
+    # Window of the tokens/s figure (GetStatus, heartbeats).
+    throughput_window_seconds: float = Field(10.0, gt=0)
+    # Requests in flight at most (waiting at a pause included); more are refused with RESOURCE_EXHAUSTED.
+    max_in_flight_requests: int = Field(4096, ge=1)
+
+    @field_validator("ledger", "mooncake_master")
+    @classmethod
+    def _addr2(cls, value: str | None) -> str | None:
+        return None if value in (None, "") else _check_address(value)
+
+    @field_validator("pool")
+    @classmethod
+    def _pool(cls, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise ValueError(f"pool must match {NAME_RE.pattern}")
+        return value
+
+    @field_validator("actor_id")
+    @classmethod
+    def _aid(cls, value: str | None) -> str | None:
+        if value is not None and not ID_RE.match(value):
+            raise ValueError(f"actor_id must match {ID_RE.pattern}")
+        return value
+
+    @field_validator("weight_hash")
+    @classmethod
+    def _hash(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        try:
+            raw = bytes.fromhex(value)
+        except ValueError:
+            raise ValueError("weight_hash must be hex") from None
+        if len(raw) != 32:
+            raise ValueError("weight_hash must be 32 bytes (64 hex digits)")
+        return value
+
+    @field_validator("job_key_file")
+    @classmethod
+    def _key_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"file does not exist: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _needs_model(self) -> "ActorConfig":
+        if not self.model:
+            raise ValueError("model is required (a checkpoint directory; `rollart model tiny --out DIR` builds one)")
+        return self
+
+    def key(self) -> bytes | None:
+        """The delta segment key (raw bytes; a key file's surrounding whitespace is removed)."""
+        if self.job_key is not None:
+            return self.job_key.get_secret_value().encode("utf-8") or None
+        if self.job_key_file is not None:
+            return self.job_key_file.read_bytes().strip() or None
+        return None
+
+    def initial_hash(self) -> bytes | None:
+        return bytes.fromhex(self.weight_hash) if self.weight_hash else None

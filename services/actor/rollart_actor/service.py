@@ -1,0 +1,1098 @@
+"""The Actor gRPC service: generation on a vLLM engine, weight staging and safe-point updates, status.
+
+Generation streams token ids with their logprobs and the policy version of every token; a weight update
+in the middle of a request shows as a VersionChange at the token where the new weights took over (the KV
+of prompt + tokens so far is recomputed under them). Weights arrive as pushed delta segments
+(StageDelta), from a relay through the delta subscriber (when a relay is configured), as Mooncake buckets
+(PullBuckets) or as a full checkpoint (LoadCheckpoint); Commit applies a staged chain at a safe point.
+
+The actor registers with the resource manager (pool, hardware tags) and, when a ledger is configured,
+with the ledger: ActorHeartbeat carries its version state and tokens/s, and it executes the ledger's
+commands (Commit, lease cancellations, drain, relay switch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc import aio
+
+from rollart.discovery import Registration, resource_manager_channel
+from rollart.runtime.client import channel as make_channel
+from rollart.runtime.telemetry import log_fields
+from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2
+from rollart.v1 import resource_manager_pb2 as rm
+from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
+
+from .config import ActorConfig
+from .engine import ABORT, KEEP, WAIT, ActorEngine, EngineError, Track
+from .weights import HostWeights, Staging, WeightError, WeightManager, _dur, _ts, load_weight_files
+
+log = logging.getLogger(__name__)
+
+MAX_ID_CHARS = 256
+MAX_STOP_STRINGS = 16
+PAUSE_MODES = {
+    actor_pb2.PAUSE_MODE_UNSPECIFIED: KEEP,
+    actor_pb2.PAUSE_MODE_KEEP: KEEP,
+    actor_pb2.PAUSE_MODE_WAIT: WAIT,
+    actor_pb2.PAUSE_MODE_ABORT: ABORT,
+}
+MODE_ENUM = {KEEP: actor_pb2.PAUSE_MODE_KEEP, WAIT: actor_pb2.PAUSE_MODE_WAIT, ABORT: actor_pb2.PAUSE_MODE_ABORT}
+FINISH = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORTED,
+}
+PD_ROLES = {
+    "unified": common_pb2.PD_ROLE_UNIFIED,
+    "prefill": common_pb2.PD_ROLE_PREFILL,
+    "decode": common_pb2.PD_ROLE_DECODE,
+}
+POOL_KINDS = {
+    "cpu": common_pb2.POOL_KIND_CPU,
+    "gpu-compute": common_pb2.POOL_KIND_GPU_COMPUTE,
+    "gpu-bandwidth": common_pb2.POOL_KIND_GPU_BANDWIDTH,
+}
+
+
+class BadRequest(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _invalid(message: str) -> BadRequest:
+    return BadRequest("INVALID_ARGUMENT", message)
+
+
+async def _abort(context: aio.ServicerContext, code: str, message: str) -> None:
+    await context.abort(grpc.StatusCode[code], message)
+
+
+def _check_id(name: str, value: str, required: bool) -> None:
+    if not value:
+        if required:
+            raise _invalid(f"{name} is required")
+        return
+    if len(value) > MAX_ID_CHARS or not value.isprintable():
+        raise _invalid(f"{name} must be 1-{MAX_ID_CHARS} printable characters")
+
+
+def _template_kwargs(raw: dict[str, str]) -> dict[str, Any]:
+    """Chat-template kwargs arrive as strings: JSON values ("false", "3", "[...]") become typed."""
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        try:
+            out[k] = json.loads(v)
+        except (ValueError, TypeError):
+            out[k] = v
+    return out
+
+
+def detect_hardware(cfg: ActorConfig, device: str) -> common_pb2.Hardware:
+    hw = cfg.hardware
+    accelerator, count, mem = hw.accelerator, hw.count, hw.memory_gib
+    if device == "cuda":
+        with contextlib.suppress(Exception):
+            import torch
+
+            props = torch.cuda.get_device_properties(0)
+            accelerator = accelerator or props.name
+            count = count or torch.cuda.device_count()
+            mem = mem or props.total_memory / 2**30
+    accelerator = accelerator or "cpu"
+    count = count or (os.cpu_count() or 1)
+    if not mem:
+        with contextlib.suppress(ValueError, OSError, AttributeError):
+            mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return common_pb2.Hardware(
+        accelerator=accelerator, count=int(count), memory_gib=round(float(mem), 2), tags=list(hw.tags)
+    )
+
+
+class ActorService(actor_pb2_grpc.ActorServicer):
+    name = "actor"
+    service_names = [actor_pb2.DESCRIPTOR.services_by_name["Actor"].full_name]
+
+    def __init__(self, cfg: ActorConfig) -> None:
+        self.cfg = cfg
+        self.engine = ActorEngine(cfg, version=cfg.weight_version)
+        self.host: HostWeights | None = None
+        self.staging = Staging(key=cfg.key(), job=cfg.job_id, max_versions=cfg.max_staged_versions)
+        self.manager: WeightManager | None = None
+        self.actor_id = cfg.actor_id or ""
+        self.endpoint = ""
+        self.hardware = common_pb2.Hardware()
+        ws = cfg.weight_source
+        self.weight_source = actor_pb2.WeightSource(
+            relay_endpoint=ws.relay_endpoint or "",
+            fallback_endpoints=ws.fallback_endpoints,
+            streams=ws.streams,
+            checkpoint_store=ws.checkpoint_store or "",
+            mooncake_master=cfg.mooncake_master or "",
+        )
+        self.subscriber: Any = None
+        self.registration: Registration | None = None
+        self.draining = False
+        self._tasks: set[asyncio.Task] = set()
+        self._ledger_stub: Any = None
+        self._ledger_channel: aio.Channel | None = None
+        self._ledger_registered = False
+        self._heartbeat_tokens = 0
+        self._heartbeat_at = time.monotonic()
+
+    # ---------------------------------------------------------------------------------------------- lifecycle
+
+    def add_to_server(self, server: aio.Server) -> None:
+        actor_pb2_grpc.add_ActorServicer_to_server(self, server)
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        model = Path(str(cfg.model))
+        if cfg.build_tiny_model and not (model / "config.json").is_file():
+            from .tiny_model import build_tiny_model
+
+            log.info("building the tiny model at %s", model)
+            await asyncio.to_thread(
+                build_tiny_model, model, seed=cfg.tiny_model_seed, pretrain_steps=cfg.tiny_model_pretrain_steps
+            )
+        if not model.exists():
+            raise SystemExit(f"rollart-actor: model {model} does not exist")
+        try:
+            self.host = await asyncio.to_thread(HostWeights.load, model, cfg.weight_version, cfg.initial_hash())
+        except WeightError as exc:
+            raise SystemExit(f"rollart-actor: cannot read the weights of {model}: {exc}") from None
+        t0 = time.perf_counter()
+        self.engine.start()  # on this (main) thread: see rollart_actor.worker
+        log.info(
+            "engine ready",
+            extra=log_fields(
+                seconds=round(time.perf_counter() - t0, 2), engine=self.engine.engine_desc, model=str(model)
+            ),
+        )
+        self.manager = WeightManager(self.host, self.staging, self.engine, self.engine.work_dir)
+        self._spawn(self._watch_engine())
+
+    async def on_serving(self, address: str) -> None:
+        self.endpoint = address
+        host, _, port = address.rpartition(":")
+        if not self.actor_id:
+            self.actor_id = f"actor-{socket.gethostname()}-{port}"
+        self.hardware = detect_hardware(self.cfg, self.engine.device)
+        if self.cfg.resource_manager:
+            await self._register_rm()
+        if self.cfg.ledger:
+            self._spawn(self._ledger_loop())
+            self._spawn(self._ledger_commands())
+        if self.weight_source.relay_endpoint:
+            await self._start_subscriber()
+
+    def ready_info(self) -> dict[str, Any]:
+        return {"actor_id": self.actor_id, "model": self.engine.model_name, "version": self.engine.version}
+
+    async def stop(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.subscriber is not None:
+            with contextlib.suppress(Exception):
+                await self.subscriber.stop()
+        if self._ledger_stub is not None and self._ledger_registered:
+            from rollart.v1 import ledger_pb2
+
+            with contextlib.suppress(Exception):
+                await self._ledger_stub.LeaveActor(
+                    ledger_pb2.LeaveActorRequest(actor_id=self.actor_id, reason="shutdown"), timeout=3
+                )
+        if self._ledger_channel is not None:
+            await self._ledger_channel.close()
+        if self.registration is not None:
+            await self.registration.stop()
+        for t in list(self.engine.tracks.values()):
+            if t.task is not None:
+                t.task.cancel()
+        self.engine.shutdown()
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _watch_engine(self) -> None:
+        # A dead engine makes a zombie actor: leave (SIGTERM to ourselves drains and exits) so that a
+        # supervisor restarts it and clients fail over on UNAVAILABLE.
+        while True:
+            await asyncio.sleep(1.0)
+            if self.engine.errored:
+                log.error("the inference engine died; shutting down")
+                os.kill(os.getpid(), 15)
+                return
+
+    async def _register_rm(self) -> None:
+        cfg = self.cfg
+        assert cfg.resource_manager is not None
+        if cfg.register_pool:
+            ch = resource_manager_channel(cfg.resource_manager, cfg.token(), cfg.tls)
+            try:
+                stub = rm_grpc.ResourceManagerStub(ch)
+                pools = await stub.ListPools(rm.ListPoolsRequest())
+                if cfg.pool not in {p.name for p in pools.pools}:
+                    await stub.RegisterPool(
+                        rm.RegisterPoolRequest(
+                            pool=rm.Pool(
+                                name=cfg.pool,
+                                kind=POOL_KINDS[cfg.pool_kind],
+                                hardware=self.hardware,
+                                capacity=64,
+                                region=cfg.region,
+                            )
+                        )
+                    )
+            finally:
+                await ch.close()
+        worker = rm.Worker(
+            worker_id=self.actor_id,
+            role="actor",
+            endpoint=self.endpoint,
+            pool=cfg.pool,
+            hardware=self.hardware,
+            region=cfg.region,
+            labels={
+                "model": self.engine.model_name,
+                "engine": self.engine.engine_desc,
+                "pd_role": cfg.pd_role,
+                "max_model_len": str(self.engine.max_model_len),
+            },
+            ttl_seconds=cfg.registration_ttl_seconds,
+        )
+        self.registration = Registration(cfg.resource_manager, worker, token=cfg.token(), tls=cfg.tls)
+        await self.registration.start()
+
+    # -------------------------------------------------------------------------------------------- input
+
+    def _render(self, inp: common_pb2.ModelInput, add_special_tokens: bool) -> tuple[list[int], str]:
+        """Token ids of an input (token ids as is; messages through the chat template; raw text)."""
+        kinds = [bool(inp.token_ids), bool(inp.messages), bool(inp.text)]
+        if sum(kinds) != 1:
+            raise _invalid("input must set exactly one of token_ids, messages or text")
+        tok = self.engine.tokenizer
+        if inp.token_ids:
+            ids = np.asarray(inp.token_ids, dtype=np.int64)
+            if int(ids.min()) < 0 or int(ids.max()) >= self.engine.vocab_size:
+                raise _invalid(f"token ids must be in [0, {self.engine.vocab_size})")
+            return list(inp.token_ids), ""
+        if inp.messages:
+            msgs = []
+            for i, m in enumerate(inp.messages):
+                if m.role not in ("system", "user", "assistant", "tool"):
+                    raise _invalid(f"messages[{i}].role must be system, user, assistant or tool, not {m.role!r}")
+                msgs.append({"role": m.role, "content": m.content})
+            kwargs = _template_kwargs(dict(inp.chat_template_kwargs))
+            try:
+                if inp.no_generation_prompt:
+                    try:
+                        rendered = tok.apply_chat_template(
+                            msgs, tokenize=False, add_generation_prompt=False, continue_final_message=True, **kwargs
+                        )
+                    except ValueError:
+                        rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False, **kwargs)
+                else:
+                    rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - a template error is the caller's input
+                raise _invalid(f"the chat template failed: {exc}") from None
+            return list(tok.encode(rendered, add_special_tokens=False)), str(rendered)
+        return list(tok.encode(inp.text, add_special_tokens=add_special_tokens)), inp.text
+
+    def _prepare(self, req: actor_pb2.ActorGenerateRequest) -> tuple[Track, Any, int]:
+        _check_id("request_id", req.request_id, True)
+        _check_id("trajectory_id", req.trajectory_id, False)
+        s = req.sampling
+        if s.max_tokens <= 0:
+            raise _invalid("sampling.max_tokens must be > 0")
+        if not math.isfinite(s.temperature) or s.temperature < 0:
+            raise _invalid("sampling.temperature must be >= 0")
+        top_p = 1.0 if s.top_p == 0 else s.top_p
+        if not math.isfinite(top_p) or not 0 < top_p <= 1:
+            raise _invalid("sampling.top_p must be in (0, 1] (0 disables it)")
+        top_k = -1 if s.top_k == 0 else s.top_k
+        if top_k < -1:
+            raise _invalid("sampling.top_k must be >= -1 (0 or -1 disable it)")
+        rep = 1.0 if s.repetition_penalty == 0 else s.repetition_penalty
+        if not math.isfinite(rep) or rep <= 0:
+            raise _invalid("sampling.repetition_penalty must be > 0")
+        if len(s.stop) > MAX_STOP_STRINGS or any(not x for x in s.stop):
+            raise _invalid(f"sampling.stop takes at most {MAX_STOP_STRINGS} non-empty strings")
+        if s.stop_token_ids:
+            st = np.asarray(s.stop_token_ids, dtype=np.int64)
+            if int(st.min()) < 0 or int(st.max()) >= self.engine.vocab_size:
+                raise _invalid(f"sampling.stop_token_ids must be in [0, {self.engine.vocab_size})")
+        if req.chunk_tokens < 0:
+            raise _invalid("chunk_tokens must be >= 0")
+        if req.min_version < 0:
+            raise _invalid("min_version must be >= 0")
+        if req.priority != 0 and self.cfg.scheduling_policy != "priority":
+            raise _invalid("priority needs scheduling_policy: priority on this actor")
+        prompt, _ = self._render(req.input, add_special_tokens=False)
+        if not prompt:
+            raise _invalid("the input is empty")
+        if len(prompt) >= self.engine.max_model_len:
+            raise BadRequest(
+                "RESOURCE_EXHAUSTED",
+                f"the prompt has {len(prompt)} tokens; the context holds {self.engine.max_model_len}",
+            )
+        extra: dict[str, Any] | None = None
+        max_tokens = s.max_tokens
+        phase = req.pd_phase
+        if phase in (actor_pb2.PD_PHASE_PREFILL, actor_pb2.PD_PHASE_DECODE):
+            if self.cfg.kv_transfer_config is None:
+                raise BadRequest(
+                    "FAILED_PRECONDITION",
+                    "this actor has no KV-transfer connector (kv_transfer_config): it runs both phases only",
+                )
+            if phase == actor_pb2.PD_PHASE_PREFILL:
+                extra = {"kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
+                max_tokens = 1
+            else:
+                try:
+                    kv = json.loads(req.kv_transfer_params_json)
+                except ValueError:
+                    kv = None
+                if not isinstance(kv, dict):
+                    raise _invalid("PD_PHASE_DECODE needs kv_transfer_params_json: the prefill's JSON object")
+                extra = {"kv_transfer_params": kv}
+        elif req.kv_transfer_params_json:
+            raise _invalid("kv_transfer_params_json is only for PD_PHASE_DECODE")
+        try:
+            params = self._sampling(s, top_p, top_k, rep, max_tokens, req, extra)
+        except (ValueError, TypeError) as exc:  # vLLM's own checks of the combination
+            raise _invalid(f"sampling: {exc}") from None
+        return Track(req.request_id, req.trajectory_id, prompt), params, int(req.priority)
+
+    def _sampling(self, s: Any, top_p: float, top_k: int, rep: float, max_tokens: int, req: Any, extra: Any) -> Any:
+        return self.engine.sampling_params(
+            temperature=float(s.temperature),
+            top_p=float(top_p),
+            top_k=int(top_k),
+            max_tokens=int(max_tokens),
+            stop=list(s.stop),
+            stop_token_ids=list(s.stop_token_ids),
+            seed=int(s.seed) if s.seed else None,
+            logprobs=bool(s.logprobs),
+            repetition_penalty=float(rep),
+            ignore_eos=bool(s.ignore_eos),
+            detokenize=bool(req.return_text or s.stop),
+            extra_args=extra,
+        )
+
+    # --------------------------------------------------------------------------------------- generation
+
+    async def Generate(
+        self, request: actor_pb2.ActorGenerateRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.GenerationChunk]:
+        if not self.engine.ready or self.engine.errored:
+            await _abort(context, "UNAVAILABLE", "the inference engine is not running")
+        try:
+            track, params, priority = self._prepare(request)
+            self.engine.register(track)
+        except (BadRequest, EngineError) as exc:
+            await _abort(context, exc.code, str(exc))
+            return
+        try:
+            try:
+                await self.engine.wait_admission(track, context.time_remaining())
+                if not track.finished:
+                    if self.engine.version < request.min_version:
+                        raise EngineError(
+                            "FAILED_PRECONDITION",
+                            f"the active version is {self.engine.version}, the request needs >= {request.min_version}",
+                        )
+                    self.engine.start_request(track, params, priority)
+            except EngineError as exc:
+                await _abort(context, exc.code, str(exc))
+            async for chunk in self._stream(track, request, context):
+                yield chunk
+        finally:
+            # Client gone, deadline passed or the stream ended: make sure the engine forgets the request
+            # (cancelling the pump makes vLLM abort it).
+            if track.task is not None and not track.task.done():
+                track.task.cancel()
+            self.engine.unregister(track)
+
+    async def _stream(
+        self, track: Track, req: actor_pb2.ActorGenerateRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.GenerationChunk]:
+        sent = text_sent = marks_sent = 0
+        first = True
+        every = max(req.chunk_tokens, 0)
+        want_lp = req.sampling.logprobs
+        while True:
+            track.changed.clear()
+            n = len(track.tokens)
+            done = track.finished
+            if track.error is not None:
+                await _abort(context, track.error.code, str(track.error))
+            pending = n - sent
+            if not done and (pending == 0 or pending < every):
+                await track.changed.wait()
+                continue
+            chunk = common_pb2.GenerationChunk(
+                request_id=track.request_id,
+                trajectory_id=track.trajectory_id,
+                actor_id=self.actor_id,
+                offset=sent,
+                token_ids=track.tokens[sent:n],
+                versions=track.versions[sent:n],
+            )
+            if want_lp:
+                chunk.logprobs.extend(track.logprobs[sent:n])
+            if req.return_text:
+                chunk.text = track.text[text_sent:]
+                text_sent = len(track.text)
+            while marks_sent < len(track.marks) and (track.marks[marks_sent].token_index <= n or done):
+                m = track.marks[marks_sent]
+                chunk.version_changes.append(
+                    common_pb2.VersionChange(
+                        token_index=m.token_index,
+                        from_version=m.from_version,
+                        to_version=m.to_version,
+                        kv_recomputed=True,
+                        recomputed_tokens=m.recomputed_tokens,
+                        paused=_dur(m.paused_s),
+                    )
+                )
+                marks_sent += 1
+            if first:
+                chunk.prompt_token_ids.extend(track.prompt_ids)
+                first = False
+            sent = n
+            if done:
+                reason = track.finish_reason or "abort"
+                if reason not in FINISH:
+                    await _abort(context, "INTERNAL", f"generation ended with {reason!r}")
+                chunk.finish_reason = FINISH[reason]
+                chunk.stop_reason = track.stop_reason
+                chunk.usage.CopyFrom(self._usage(track))
+                if track.kv_transfer_params is not None:
+                    chunk.kv_transfer_params_json = json.dumps(track.kv_transfer_params)
+                yield chunk
+                return
+            yield chunk
+
+    @staticmethod
+    def _usage(t: Track) -> common_pb2.GenerationUsage:
+        u = common_pb2.GenerationUsage(
+            prompt_tokens=len(t.prompt_ids), completion_tokens=len(t.tokens), cached_prompt_tokens=t.cached_tokens
+        )
+        admitted = t.admitted if t.admitted is not None else time.monotonic()
+        u.queue_time.CopyFrom(_dur(admitted - t.arrived))
+        if t.first_token_at is not None:
+            u.time_to_first_token.CopyFrom(_dur(t.first_token_at - admitted))
+        if t.last_token_at is not None:
+            u.generation_time.CopyFrom(_dur(t.last_token_at - admitted))
+        return u
+
+    async def Tokenize(self, request: common_pb2.TokenizeRequest, context: aio.ServicerContext):
+        if not self.engine.ready:
+            await _abort(context, "UNAVAILABLE", "the inference engine is not running")
+        try:
+            ids, rendered = self._render(request.input, add_special_tokens=request.add_special_tokens)
+        except BadRequest as exc:
+            await _abort(context, exc.code, str(exc))
+            return
+        return common_pb2.TokenizeResponse(
+            token_ids=ids,
+            rendered=rendered,
+            model=self.engine.model_name,
+            max_model_len=self.engine.max_model_len,
+        )
+
+    async def Abort(self, request: actor_pb2.ActorAbortRequest, context: aio.ServicerContext):
+        for r in request.request_ids:
+            if len(r) > MAX_ID_CHARS:
+                await _abort(context, "INVALID_ARGUMENT", f"request ids are at most {MAX_ID_CHARS} characters")
+        aborted = await self.engine.abort(request.request_ids, request.trajectory_ids)
+        if aborted:
+            log.info("aborted %d requests (%s)", len(aborted), request.reason or "no reason given")
+        return actor_pb2.ActorAbortResponse(aborted_request_ids=aborted)
+
+    def _pause_proto(self) -> actor_pb2.ActorPauseState:
+        st = self.engine.pause_state()
+        msg = actor_pb2.ActorPauseState(paused=st.paused, reason=st.reason)
+        if st.paused:
+            msg.mode = MODE_ENUM.get(st.mode, actor_pb2.PAUSE_MODE_KEEP)
+            msg.since.CopyFrom(_ts(st.since))
+        return msg
+
+    async def Pause(self, request: actor_pb2.ActorPauseRequest, context: aio.ServicerContext):
+        if request.mode not in PAUSE_MODES:
+            await _abort(context, "INVALID_ARGUMENT", f"unknown pause mode {request.mode}")
+        timeout = None
+        if request.HasField("timeout"):
+            timeout = request.timeout.ToNanoseconds() / 1e9
+            if timeout < 0:
+                await _abort(context, "INVALID_ARGUMENT", "timeout must not be negative")
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout = remaining * 0.9 if timeout is None else min(timeout, remaining * 0.9)
+        _, aborted, kept = await self.engine.pause(PAUSE_MODES[request.mode], timeout, request.reason)
+        return actor_pb2.ActorPauseResponse(state=self._pause_proto(), aborted=aborted, kept=kept)
+
+    async def Resume(self, request: actor_pb2.ActorResumeRequest, context: aio.ServicerContext):
+        paused_for = await self.engine.resume()
+        return actor_pb2.ActorResumeResponse(state=self._pause_proto(), paused_for=_dur(paused_for))
+
+    # ------------------------------------------------------------------------------------------ weights
+
+    async def StageDelta(self, request_iterator: Any, context: aio.ServicerContext):
+        assert self.host is not None
+        accepted = duplicates = 0
+        touched: list[int] = []
+        async for msg in request_iterator:
+            try:
+                new = self.staging.add_segment(msg, self.host, source="push")
+            except WeightError as exc:
+                await _abort(context, exc.code, str(exc))
+                return
+            if new:
+                accepted += 1
+            else:
+                duplicates += 1
+            if msg.version not in touched:
+                touched.append(msg.version)
+        staged = [s for v in touched for s in self.staging.staged(v)]
+        return actor_pb2.StageDeltaResponse(staged=staged, accepted=accepted, duplicates=duplicates)
+
+    async def GetStaging(self, request: actor_pb2.GetStagingRequest, context: aio.ServicerContext):
+        staged = self.staging.staged(request.version)
+        if self.subscriber is not None:
+            mine = {s.version for s in staged}
+            staged += [
+                s
+                for s in self.subscriber.status().staged
+                if s.version not in mine and request.version in (0, s.version)
+            ]
+            staged.sort(key=lambda s: s.version)
+        resp = actor_pb2.GetStagingResponse(staged=staged)
+        for v, seqs in self.staging.missing(request.version).items():
+            resp.missing[v].sequences.extend(seqs)
+        return resp
+
+    async def Commit(self, request: actor_pb2.ActorCommitRequest, context: aio.ServicerContext):
+        order = request.order
+        if order.version < 0:
+            await _abort(context, "INVALID_ARGUMENT", "order.version must be >= 0")
+        if order.hash and len(order.hash) != 32:
+            await _abort(context, "INVALID_ARGUMENT", "order.hash must be 32 bytes (SHA-256)")
+        if order.actor_ids and self.actor_id not in order.actor_ids:
+            await _abort(
+                context, "FAILED_PRECONDITION", f"the order is for {list(order.actor_ids)}, not {self.actor_id}"
+            )
+        if request.no_wait:
+            self._spawn(self._commit(order))
+            return actor_pb2.ActorCommitResponse()
+        try:
+            result, duplicate = await self._commit(order)
+        except WeightError as exc:
+            await _abort(context, exc.code, str(exc))
+            return
+        return actor_pb2.ActorCommitResponse(result=result, duplicate=duplicate)
+
+    async def _commit(self, order: common_pb2.CommitOrder) -> tuple[actor_pb2.WeightUpdateResult, bool]:
+        """Apply an order from the staged chain; else through the subscriber (relay catch-up) when there is one."""
+        assert self.manager is not None
+        outcome, duplicate = await self.manager.commit(order)
+        if outcome.error is not None and outcome.error.code == "FAILED_PRECONDITION" and self.subscriber is not None:
+            before = self.host.version if self.host is not None else 0
+            try:
+                res = await self.subscriber.commit(order)
+            except Exception as exc:  # noqa: BLE001 - CommitError and transport errors alike
+                code = getattr(exc, "code", "UNAVAILABLE")
+                raise WeightError(
+                    code if code in grpc.StatusCode.__members__ else "UNAVAILABLE",
+                    f"{outcome.error}; through the relay: {exc}",
+                ) from None
+            last = self.manager.last_update
+            if last is not None and last.to_version == order.version:
+                return last, False
+            return actor_pb2.WeightUpdateResult(
+                from_version=before, to_version=res.version, hash=res.hash, applied=bool(res.applied)
+            ), False
+        if outcome.error is not None:
+            raise outcome.error
+        self._sync_subscriber()
+        return outcome.result, duplicate
+
+    def _sync_subscriber(self) -> None:
+        sub = self.subscriber
+        if sub is None or self.host is None:
+            return
+        sub.active_version = self.host.version
+        sub.active_hash = self.host.hash or None
+        for v in [v for v in sub.staged if v <= self.host.version]:
+            del sub.staged[v]
+
+    async def LoadCheckpoint(self, request: actor_pb2.LoadCheckpointRequest, context: aio.ServicerContext):
+        assert self.manager is not None and self.host is not None
+        if not request.uri:
+            await _abort(context, "INVALID_ARGUMENT", "uri is required")
+        if request.version < 0 or request.replay_to_version < 0:
+            await _abort(context, "INVALID_ARGUMENT", "versions must be >= 0")
+        if request.replay_to_version and request.replay_to_version <= request.version:
+            await _abort(context, "INVALID_ARGUMENT", "replay_to_version must be above version (or 0)")
+        if request.pause_mode not in PAUSE_MODES:
+            await _abort(context, "INVALID_ARGUMENT", f"unknown pause mode {request.pause_mode}")
+        try:
+            ws, source = await asyncio.to_thread(self._open_checkpoint, request.uri, request.version)
+            if request.hash:
+                if ws.applied_hash is None:
+                    raise WeightError("FAILED_PRECONDITION", "the checkpoint records no hash to check against")
+                if ws.applied_hash != request.hash:
+                    raise WeightError(
+                        "DATA_LOSS",
+                        f"the checkpoint's h(v) {ws.applied_hash.hex()[:16]}… is not {request.hash.hex()[:16]}…",
+                    )
+            replay = []
+            if request.replay_to_version:
+                _, replay = self.staging.plan(request.version, request.replay_to_version)
+            result = await self.manager.load_full(
+                ws,
+                request.version,
+                artifact="checkpoint",
+                source_path=source,
+                replay=replay,
+                mode=PAUSE_MODES[request.pause_mode],
+            )
+        except WeightError as exc:
+            if self.manager is not None:
+                self.manager.last_error = str(exc)
+            await _abort(context, exc.code, str(exc))
+            return
+        self._sync_subscriber()
+        return result
+
+    def _open_checkpoint(self, uri: str, version: int) -> tuple[Any, Path | None]:
+        """A checkpoint store (s3:// or a folder of v<12 digits> folders) at `version`, else safetensors files."""
+        p = Path(uri[len("file://") :] if uri.startswith("file://") else uri)
+        store_like = uri.startswith("s3://") or (p.is_dir() and any(p.glob("v[0-9]*/manifest.json")))
+        if store_like:
+            from rollart.weights.checkpoint_store import CheckpointError, open_store
+
+            try:
+                store = open_store(uri)
+                ws = store.open(version, writable=True)
+                return ws, Path(store.local_path(version, verify=False))
+            except CheckpointError as exc:
+                raise WeightError(getattr(exc, "grpc_status", "FAILED_PRECONDITION"), str(exc)) from None
+        ws, files = load_weight_files(p)
+        if ws.version is not None and ws.version != version:
+            raise WeightError("FAILED_PRECONDITION", f"{uri} holds version {ws.version}, not {version}")
+        return ws, (files[0] if len(files) == 1 else p)
+
+    async def PullBuckets(self, request: actor_pb2.PullBucketsRequest, context: aio.ServicerContext):
+        assert self.manager is not None
+        master = request.mooncake_master or self.weight_source.mooncake_master
+        if request.version < 0:
+            await _abort(context, "INVALID_ARGUMENT", "version must be >= 0")
+        if request.hash and len(request.hash) != 32:
+            await _abort(context, "INVALID_ARGUMENT", "hash must be 32 bytes (SHA-256)")
+        if not master:
+            await _abort(context, "FAILED_PRECONDITION", "no Mooncake master (mooncake_master) is configured")
+        if request.pause_mode not in PAUSE_MODES:
+            await _abort(context, "INVALID_ARGUMENT", f"unknown pause mode {request.pause_mode}")
+        t0 = time.perf_counter()
+        try:
+            pulled = await asyncio.to_thread(self._pull, master, request.version)
+            ws = pulled.weights
+            keys = [b.key for b in pulled.manifest.buckets]
+            if request.bucket_keys and sorted(request.bucket_keys) != sorted(keys):
+                raise WeightError("FAILED_PRECONDITION", "the store's bucket keys differ from the requested ones")
+            if request.hash and ws.applied_hash != request.hash:
+                raise WeightError("DATA_LOSS", f"the pulled v{request.version} does not match the requested h(v)")
+            pull_s = time.perf_counter() - t0
+            assert self.host is not None
+            self.host.check_full(ws)
+            resp = actor_pb2.PullBucketsResponse(pull_time=_dur(pull_s))
+            if request.apply:
+                resp.applied.CopyFrom(
+                    await self.manager.load_full(
+                        ws, request.version, artifact="buckets", mode=PAUSE_MODES[request.pause_mode]
+                    )
+                )
+                self._sync_subscriber()
+            else:
+                e = self.staging.add_full(
+                    request.version,
+                    ws,
+                    ws.applied_hash or b"",
+                    artifact="buckets",
+                    source="mooncake",
+                    parts=len(keys),
+                    nbytes=pulled.nbytes,
+                )
+                resp.staged.CopyFrom(e.proto())
+        except WeightError as exc:
+            self.manager.last_error = str(exc)
+            await _abort(context, exc.code, str(exc))
+            return
+        return resp
+
+    def _pull(self, master: str, version: int) -> Any:
+        from rollart.weights.buckets import BucketError, BucketReader, MooncakeConfig
+
+        reader = BucketReader(MooncakeConfig(master=master), self.cfg.job_id)
+        try:
+            return reader.pull(version)
+        except BucketError as exc:
+            code = "UNAVAILABLE" if type(exc).__name__ == "MooncakeUnavailableError" else "FAILED_PRECONDITION"
+            if type(exc).__name__ == "WeightsIntegrityError":
+                code = "DATA_LOSS"
+            raise WeightError(code, str(exc)) from None
+        except ImportError as exc:
+            raise WeightError("FAILED_PRECONDITION", f"Mooncake is not installed: {exc}") from None
+        finally:
+            with contextlib.suppress(Exception):
+                reader.close()
+
+    async def ResetPrefixCache(self, request: actor_pb2.ResetPrefixCacheRequest, context: aio.ServicerContext):
+        return actor_pb2.ResetPrefixCacheResponse(reset=await self.engine.reset_prefix_cache())
+
+    async def SetWeightSource(self, request: actor_pb2.SetWeightSourceRequest, context: aio.ServicerContext):
+        src = request.source
+        from rollart.runtime.config import _check_address
+
+        try:
+            for ep in [src.relay_endpoint, *src.fallback_endpoints, src.mooncake_master]:
+                if ep:
+                    _check_address(ep)
+        except ValueError as exc:
+            await _abort(context, "INVALID_ARGUMENT", str(exc))
+        if src.streams < 0 or src.streams > 64:
+            await _abort(context, "INVALID_ARGUMENT", "streams must be in [0, 64]")
+        new = actor_pb2.WeightSource(
+            relay_endpoint=src.relay_endpoint,
+            fallback_endpoints=src.fallback_endpoints,
+            streams=src.streams or self.cfg.weight_source.streams,
+            checkpoint_store=src.checkpoint_store,
+            mooncake_master=src.mooncake_master,
+        )
+        self.weight_source = new
+        if self.subscriber is not None:
+            await self.subscriber.stop()
+            self.subscriber = None
+        if new.relay_endpoint:
+            try:
+                await self._start_subscriber()
+            except WeightError as exc:
+                await _abort(context, exc.code, str(exc))
+        return self._weight_source_proto()
+
+    def _weight_source_proto(self) -> actor_pb2.WeightSource:
+        out = actor_pb2.WeightSource()
+        out.CopyFrom(self.weight_source)
+        sub = self.subscriber
+        if sub is not None:
+            out.active_endpoint = sub.follower.active_endpoint or ""
+            out.connected = bool(sub.follower.connected)
+        return out
+
+    async def _start_subscriber(self) -> None:
+        """Follow the relay with the delta subscriber; it commits through the same safe point."""
+        key = self.cfg.key()
+        if key is None:
+            raise WeightError("FAILED_PRECONDITION", "a relay needs the job key (job_key) to verify deltas")
+        try:
+            from rollart.weights.subscriber import WeightSubscriber
+        except ImportError as exc:
+            raise WeightError("FAILED_PRECONDITION", f"the delta subscriber is not available: {exc}") from None
+        store = None
+        if self.weight_source.checkpoint_store:
+            from rollart.weights.checkpoint_store import open_store
+
+            store = open_store(self.weight_source.checkpoint_store)
+        ws = self.weight_source
+        assert self.host is not None
+        self.subscriber = WeightSubscriber(
+            subscriber_id=self.actor_id,
+            job=self.cfg.job_id,
+            key=key,
+            token=self.cfg.token(),
+            sources=[ws.relay_endpoint, *ws.fallback_endpoints],
+            engine=_SubscriberEngine(self),
+            version=self.host.version,
+            checkpoint_store=store,
+            streams=ws.streams or 4,
+            region=self.cfg.region,
+            tls=self.cfg.tls,
+        )
+        self.subscriber.active_hash = self.host.hash or None
+        await self.subscriber.start(bootstrap=False)
+        log.info("following relay %s", ws.relay_endpoint)
+
+    # ------------------------------------------------------------------------------------------- status
+
+    def weight_state(self) -> common_pb2.ActorWeightState:
+        host = self.host
+        st = common_pb2.ActorWeightState(
+            loaded=host is not None and self.engine.ready,
+            active_version=self.engine.version,
+            active_hash=host.hash if host is not None else b"",
+            staged=self.staging.staged(),
+        )
+        if self.subscriber is not None:
+            mine = {s.version for s in st.staged}
+            st.staged.extend(s for s in self.subscriber.status().staged if s.version not in mine)
+        if self.engine.updating:
+            st.updating = True
+            st.updating_to = self.engine.updating_to
+        elif self.manager is not None and self.manager.updating_to is not None:
+            st.updating = True
+            st.updating_to = self.manager.updating_to
+        last = self.manager.last_update if self.manager is not None else None
+        if last is not None:
+            st.last_update_at.CopyFrom(last.completed_at)
+            st.last_pause.CopyFrom(last.pause_window)
+        return st
+
+    async def GetStatus(self, request: actor_pb2.ActorStatusRequest, context: aio.ServicerContext):
+        e = self.engine
+        tracks = list(e.tracks.values())
+        in_engine = sum(1 for t in tracks if t.task is not None and not t.finished)
+        queued = min(e.stats.waiting, in_engine)  # in the engine's queue (as of its last step)
+        running = in_engine - queued
+        st = actor_pb2.ActorStatus(
+            actor_id=self.actor_id,
+            model=e.model_name,
+            engine=e.engine_desc,
+            endpoint=self.endpoint,
+            pool=self.cfg.pool,
+            region=self.cfg.region,
+            hardware=self.hardware,
+            pd_role=PD_ROLES[self.cfg.pd_role],
+            ready=e.ready and not e.errored,
+            weights=self.weight_state(),
+            weight_source=self._weight_source_proto(),
+            pause=self._pause_proto(),
+            running_requests=running,
+            waiting_requests=len(tracks) - in_engine + queued,  # at a pause, or queued in the engine
+            in_flight_trajectories=len(e.by_trajectory),
+            tokens_per_s=e.tokens_per_s(),
+            generated_tokens_total=e.generated_total,
+            prompt_tokens_total=e.prompt_total,
+            kv_cache_usage=e.stats.kv_cache_usage,
+            prefix_cache_hit_rate=e.stats.prefix_hit_rate,
+            max_model_len=e.max_model_len,
+            last_update_error=self.manager.last_error if self.manager is not None else "",
+            draining=self.draining,
+        )
+        st.started_at.CopyFrom(_ts(e.started_at))
+        if self.manager is not None and self.manager.last_update is not None:
+            st.last_update.CopyFrom(self.manager.last_update)
+        if request.include_requests:
+            for t in tracks:
+                info = actor_pb2.ActorRequestInfo(
+                    request_id=t.request_id,
+                    trajectory_id=t.trajectory_id,
+                    prompt_tokens=len(t.prompt_ids),
+                    generated_tokens=len(t.tokens),
+                    version=t.versions[-1] if t.versions else e.version,
+                )
+                info.started_at.CopyFrom(_ts(t.arrived_wall))
+                st.requests.append(info)
+        return st
+
+    # ------------------------------------------------------------------------------------------- ledger
+
+    def _ledger(self) -> Any:
+        if self._ledger_stub is None:
+            from rollart.v1 import ledger_pb2_grpc
+
+            assert self.cfg.ledger is not None
+            svc = "rollart.v1.Ledger"
+            self._ledger_channel = make_channel(
+                self.cfg.ledger,
+                token=self.cfg.token(),
+                tls=self.cfg.tls,
+                idempotent=(f"{svc}/RegisterActor", f"{svc}/ActorHeartbeat", f"{svc}/AckCommand"),
+                default_timeout=10.0,
+            )
+            self._ledger_stub = ledger_pb2_grpc.LedgerStub(self._ledger_channel)
+        return self._ledger_stub
+
+    async def _ledger_register(self) -> float:
+        from rollart.v1 import ledger_pb2
+
+        actor = ledger_pb2.LedgerActor(
+            actor_id=self.actor_id,
+            endpoint=self.endpoint,
+            region=self.cfg.region,
+            pool=self.cfg.pool,
+            hardware=self.hardware,
+            weights=self.weight_state(),
+            pd_role=PD_ROLES[self.cfg.pd_role],
+            labels={"model": self.engine.model_name},
+        )
+        resp = await self._ledger().RegisterActor(ledger_pb2.RegisterActorRequest(actor=actor))
+        self._ledger_registered = True
+        interval = resp.heartbeat_interval.ToNanoseconds() / 1e9
+        log.info(
+            "registered with the ledger", extra=log_fields(actor_id=self.actor_id, latest_version=resp.latest_version)
+        )
+        return interval if interval > 0 else self.cfg.ledger_heartbeat_seconds
+
+    async def _ledger_loop(self) -> None:
+        from rollart.v1 import ledger_pb2
+
+        interval = self.cfg.ledger_heartbeat_seconds
+        backoff = 0.5
+        while not self._ledger_registered:
+            try:
+                interval = min(await self._ledger_register(), self.cfg.ledger_heartbeat_seconds)
+            except aio.AioRpcError as exc:
+                log.warning("ledger registration failed: %s %s", exc.code().name, exc.details())
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            tokens = self.engine.generated_total
+            rate = (tokens - self._heartbeat_tokens) / max(now - self._heartbeat_at, 1e-3)
+            req = ledger_pb2.ActorHeartbeatRequest(
+                actor_id=self.actor_id,
+                weights=self.weight_state(),
+                observed_tokens_per_s=rate,
+                in_flight_requests=self.engine.in_flight(),
+                draining=self.draining,
+            )
+            try:
+                await self._ledger().ActorHeartbeat(req)
+                self._heartbeat_tokens, self._heartbeat_at = tokens, now
+            except aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    with contextlib.suppress(aio.AioRpcError):
+                        await self._ledger_register()
+                else:
+                    log.warning("ledger heartbeat failed: %s %s", exc.code().name, exc.details())
+
+    async def _ledger_commands(self) -> None:
+        """Execute the ledger's commands to this actor: Commit(v), lease cancellations, drain, relay switch."""
+        from rollart.v1 import ledger_pb2
+
+        last = 0
+        while True:
+            try:
+                while not self._ledger_registered:
+                    await asyncio.sleep(0.1)
+                call = self._ledger().WatchCommands(
+                    ledger_pb2.WatchCommandsRequest(
+                        subscriber_id=self.actor_id,
+                        kind=ledger_pb2.SUBSCRIBER_KIND_ACTOR,
+                        from_sequence=last,
+                        only_new=last == 0,
+                    ),
+                    timeout=None,
+                )
+                async for cmd in call:
+                    last = max(last, cmd.sequence)
+                    await self._on_command(cmd)
+            except asyncio.CancelledError:
+                raise
+            except aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
+                    last = 0
+                else:
+                    log.warning("ledger command stream: %s %s", exc.code().name, exc.details())
+            await asyncio.sleep(1.0)
+
+    async def _on_command(self, cmd: Any) -> None:
+        from rollart.v1 import ledger_pb2
+
+        kind = cmd.WhichOneof("command")
+        ok, error = True, ""
+        if kind == "commit":
+            order = cmd.commit
+            if order.actor_ids and self.actor_id not in order.actor_ids:
+                return
+            try:
+                await self._commit(order)
+            except WeightError as exc:
+                ok, error = False, f"{exc.code}: {exc}"
+        elif kind == "cancel_leases":
+            await self.engine.abort((), cmd.cancel_leases.trajectory_ids)
+        elif kind == "drain":
+            self.draining = True
+        elif kind == "undrain":
+            self.draining = False
+        elif kind == "switch_relay":
+            ep = cmd.switch_relay.endpoint
+            self.weight_source.relay_endpoint = ep
+            if self.subscriber is not None:
+                await self.subscriber.stop()
+                self.subscriber = None
+            if ep:
+                try:
+                    await self._start_subscriber()
+                except WeightError as exc:
+                    ok, error = False, str(exc)
+        else:
+            return
+        if cmd.ack_required:
+            with contextlib.suppress(aio.AioRpcError):
+                await self._ledger().AckCommand(
+                    ledger_pb2.AckCommandRequest(
+                        subscriber_id=self.actor_id,
+                        sequence=cmd.sequence,
+                        ok=ok,
+                        error=error,
+                        weights=self.weight_state(),
+                    )
+                )
+
+
+class _SubscriberEngine:
+    """What the delta subscriber applies verified deltas through: the actor's own safe point."""
+
+    def __init__(self, svc: ActorService) -> None:
+        self.svc = svc
+
+    @property
+    def weights(self) -> Any:
+        return self.svc.host.ws if self.svc.host is not None else None
+
+    async def apply_delta(self, delta: Any) -> None:
+        from rollart.delta.errors import BaseMismatchError
+
+        svc = self.svc
+        assert svc.manager is not None and svc.host is not None
+        async with svc.manager.lock:
+            if svc.host.version != delta.base_version:
+                if svc.host.version == delta.version:
+                    return
+                raise BaseMismatchError(
+                    f"delta v{delta.version} is based on v{delta.base_version}, "
+                    f"the active version is v{svc.host.version}"
+                )
+            try:
+                await svc.manager._apply(None, [delta], delta.version, delta.hash, KEEP)
+            except WeightError as exc:
+                svc.manager.last_error = str(exc)
+                raise
+        svc.staging.prune(delta.version)
+
+    async def load_weights(self, weights: Any, version: int) -> None:
+        svc = self.svc
+        assert svc.manager is not None
+        await svc.manager.load_full(weights, version, artifact="checkpoint")

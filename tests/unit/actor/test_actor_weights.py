@@ -1,0 +1,204 @@
+"""The actor's weight handling without an engine: staging pushed deltas, chains, commits, rollbacks.
+
+A fake engine stands in for vLLM: it loads the safetensors payload the actor hands over (as the worker
+extension would), so these tests see exactly which tensors an update sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rollart.delta import WeightSet, load_safetensors, save_safetensors
+from rollart.v1 import common_pb2
+from rollart_actor.weights import HostWeights, Staging, WeightError, WeightManager
+from tests.unit.actor.actor_testlib import JOB, KEY, delta_segments, layer_projections, perturb, qwen_like
+
+
+@dataclass
+class _Stats:
+    requests_recomputed: int = 0
+    recomputed_tokens: int = 0
+    prefix_cache_reset: bool = True
+    pause_window_s: float = 0.001
+    load_s: float = 0.001
+    aborted: int = 0
+    rpc: dict = field(default_factory=dict)
+    completed_at: float = 0.0
+
+
+class FakeEngine:
+    """Loads the payload like the worker extension would; can be told to refuse."""
+
+    def __init__(self, served: WeightSet) -> None:
+        self.served = {n: a.copy() for n, a in served.arrays.items()}
+        self.version = 0
+        self.payload_names: list[list[str]] = []
+        self.refuse = False
+
+    async def update_weights(self, payload, to_version, *, mode="keep", wait_timeout=60.0, after_load=None):
+        if self.refuse:
+            raise WeightError("FAILED_PRECONDITION", "the engine refused the weights: test")
+        ws = load_safetensors(payload)
+        self.payload_names.append(sorted(ws.arrays))
+        for n, a in ws.arrays.items():
+            self.served[n] = np.array(a, copy=True)
+        if after_load is not None:
+            after_load()
+        self.version = to_version
+        return _Stats(rpc={"tensors": len(ws.arrays)})
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    ws = qwen_like(np.random.default_rng(0))
+    d = tmp_path / "model"
+    d.mkdir()
+    save_safetensors(d / "model.safetensors", ws)
+    return d
+
+
+def _setup(model: Path, tmp_path: Path):
+    host = HostWeights.load(model, 0)
+    staging = Staging(key=KEY, job=JOB)
+    engine = FakeEngine(host.ws)
+    return host, staging, engine, WeightManager(host, staging, engine, tmp_path / "work")
+
+
+def _same(a: WeightSet, arrays: dict) -> bool:
+    return all(np.array_equal(a.arrays[n], arrays[n]) for n in a.arrays)
+
+
+def test_pushed_segments_out_of_order_with_duplicates_stage_and_commit_bit_exact(model: Path, tmp_path: Path) -> None:
+    host, staging, engine, mgr = _setup(model, tmp_path)
+    base = load_safetensors(model / "model.safetensors")
+    v1 = perturb(base, layer_projections(base, 1), seed=1)
+    msgs, h1 = delta_segments(base, v1, version=1, base_version=0)
+    assert len(msgs) > 3
+    order = list(reversed(msgs)) + msgs[:2]  # trailer first, then every segment, then two repeats
+    new = [staging.add_segment(m, host) for m in order]
+    assert sum(new) == len(msgs) and new[-2:] == [False, False]
+    [st] = staging.staged(1)
+    assert st.complete and st.verified and st.hash == h1 and st.parts_total == len(msgs)
+
+    outcome, dup = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="o1", version=1, hash=h1)))
+    assert outcome.error is None and not dup
+    res = outcome.result
+    assert res.applied and (res.from_version, res.to_version) == (0, 1) and res.hash == h1
+    assert host.version == 1 and host.hash == h1
+    assert _same(v1, host.ws.arrays)  # the host copy is exactly v1
+    assert _same(v1, engine.served)  # and so is what the engine serves
+    # Only layer 1's projections went to the engine, as whole fused groups (q, k, v together; gate, up).
+    assert engine.payload_names == [layer_projections(base, 1)]
+    assert staging.staged() == []  # committed versions leave staging
+    again, dup = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="o1", version=1, hash=h1)))
+    assert dup and again.result.to_version == 1 and len(engine.payload_names) == 1
+
+
+def test_delta_for_the_wrong_base_is_refused_and_nothing_is_staged(model: Path, tmp_path: Path) -> None:
+    host, staging, engine, mgr = _setup(model, tmp_path)
+    base = load_safetensors(model / "model.safetensors")
+    v1 = perturb(base, layer_projections(base, 0), seed=1)
+    v2 = perturb(v1, layer_projections(v1, 1), seed=2)
+    msgs, _ = delta_segments(v1, v2, version=2, base_version=1)
+    with pytest.raises(WeightError) as err:
+        staging.add_segment(msgs[0], host)
+    assert err.value.code == "FAILED_PRECONDITION" and "based on v1" in str(err.value)
+    assert staging.staged() == []
+    outcome, _ = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="o2", version=2)))
+    assert outcome.error is not None and outcome.error.code == "FAILED_PRECONDITION"
+    assert "rejected" in str(outcome.error)
+    assert host.version == 0 and _same(base, host.ws.arrays) and engine.payload_names == []
+
+
+def test_chain_of_two_staged_deltas_applies_in_one_update(model: Path, tmp_path: Path) -> None:
+    host, staging, engine, mgr = _setup(model, tmp_path)
+    base = load_safetensors(model / "model.safetensors")
+    v1 = perturb(base, layer_projections(base, 0), seed=1)
+    v2 = perturb(v1, layer_projections(v1, 1), seed=2)
+    m1, _ = delta_segments(base, v1, version=1, base_version=0)
+    m2, h2 = delta_segments(v1, v2, version=2, base_version=1)
+    with pytest.raises(WeightError):  # v2 before v1 started: its base is neither active nor staged
+        staging.add_segment(m2[0], host)
+    for m in m1[:1] + m2 + m1[1:]:  # once v1 is arriving, v2 (based on it) may stage alongside
+        staging.add_segment(m, host)
+    outcome, _ = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="c", version=2, hash=h2)))
+    assert outcome.error is None, outcome.error
+    assert outcome.result.deltas_applied == 2 and host.version == 2
+    assert _same(v2, engine.served) and len(engine.payload_names) == 1
+
+
+def test_wrong_hash_is_data_loss_and_a_refused_engine_update_rolls_the_host_back(model: Path, tmp_path: Path) -> None:
+    host, staging, engine, mgr = _setup(model, tmp_path)
+    base = load_safetensors(model / "model.safetensors")
+    v1 = perturb(base, layer_projections(base, 1), seed=3)
+    msgs, h1 = delta_segments(base, v1, version=1, base_version=0)
+    for m in msgs:
+        staging.add_segment(m, host)
+    bad, _ = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="x", version=1, hash=bytes(32))))
+    assert bad.error is not None and bad.error.code == "DATA_LOSS"
+    assert host.version == 0 and _same(base, host.ws.arrays)
+    engine.refuse = True
+    refused, _ = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="y", version=1, hash=h1)))
+    assert refused.error is not None and refused.error.code == "FAILED_PRECONDITION"
+    assert host.version == 0 and _same(base, host.ws.arrays)  # the host copy was restored
+    assert staging.staged(1)[0].complete  # still staged: a later commit may succeed
+    engine.refuse = False
+    ok, _ = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="y", version=1, hash=h1)))
+    assert ok.error is None and host.version == 1 and _same(v1, engine.served)
+
+
+def test_bad_segments_are_invalid_argument(model: Path, tmp_path: Path) -> None:
+    host, staging, _, _ = _setup(model, tmp_path)
+    base = load_safetensors(model / "model.safetensors")
+    v1 = perturb(base, layer_projections(base, 1), seed=4)
+    msgs, _ = delta_segments(base, v1, version=1, base_version=0)
+    forged, _ = delta_segments(base, v1, version=1, base_version=0, key=b"not-the-job-key-000000000000")
+    corrupt = common_pb2.DeltaSegment()
+    corrupt.CopyFrom(msgs[0])
+    data = bytearray(corrupt.data)
+    data[len(data) // 2] ^= 0xFF
+    corrupt.data = bytes(data)
+    lying = common_pb2.DeltaSegment()
+    lying.CopyFrom(msgs[1])
+    lying.sequence = 7
+    other_job, _ = delta_segments(base, v1, version=1, base_version=0, job="other-job")
+    for bad in (forged[0], corrupt, lying, other_job[0], common_pb2.DeltaSegment(job_id=JOB, version=1)):
+        with pytest.raises(WeightError) as err:
+            staging.add_segment(bad, host)
+        assert err.value.code == "INVALID_ARGUMENT", (bad.sequence, str(err.value))
+    assert all(not s.complete for s in staging.staged())
+
+
+def test_delta_that_does_not_fit_the_model_is_discarded(model: Path, tmp_path: Path) -> None:
+    host, staging, _, _ = _setup(model, tmp_path)
+    other = qwen_like(np.random.default_rng(1), hidden=16, kv=8, inter=24)  # another architecture
+    other.version = 0
+    changed = perturb(other, layer_projections(other, 0), seed=5)
+    msgs, _ = delta_segments(other, changed, version=1, base_version=0)
+    with pytest.raises(WeightError) as err:
+        for m in msgs:
+            staging.add_segment(m, host)
+    assert err.value.code == "FAILED_PRECONDITION"
+    [st] = staging.staged(1)
+    assert st.error and not st.complete and st.bytes_received == 0
+
+
+def test_staged_full_weights_then_a_delta(model: Path, tmp_path: Path) -> None:
+    host, staging, engine, mgr = _setup(model, tmp_path)
+    base = load_safetensors(model / "model.safetensors")
+    v3 = perturb(base, layer_projections(base, 0) + layer_projections(base, 1), seed=6)
+    v4 = perturb(v3, layer_projections(v3, 1), seed=7)
+    full = v3.copy()
+    staging.add_full(3, full, b"\x03" * 32, artifact="buckets", source="mooncake", parts=1, nbytes=full.nbytes)
+    msgs, h4 = delta_segments(v3, v4, version=4, base_version=3)
+    for m in msgs:
+        staging.add_segment(m, host)
+    outcome, _ = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="f", version=4, hash=h4)))
+    assert outcome.error is None, outcome.error
+    assert host.version == 4 and host.hash == h4 and _same(v4, engine.served)
+    assert len(engine.payload_names[-1]) == len(base.arrays)  # full weights: every tensor reloaded
