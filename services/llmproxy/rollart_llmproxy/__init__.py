@@ -1,0 +1,1 @@
+"""RollArt LLMProxy: the generation gateway between environment loops and actors."""

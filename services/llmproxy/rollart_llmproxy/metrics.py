@@ -1,0 +1,33 @@
+"""Prometheus metrics of the proxy (served on the service's /metrics endpoint)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+REQUESTS = Counter("rollart_llmproxy_requests_total", "Turns by route reason and outcome", ["reason", "outcome"])
+OUTSTANDING_TOKENS = Gauge(
+    "rollart_llmproxy_outstanding_tokens",
+    "Tokens outstanding on an actor (prompt not yet prefilled + tokens not yet generated)",
+    ["actor"],
+)
+OUTSTANDING_REQUESTS = Gauge("rollart_llmproxy_outstanding_requests", "Requests in flight on an actor", ["actor"])
+ACTOR_HEALTHY = Gauge("rollart_llmproxy_actor_healthy", "1 when the actor is routable", ["actor"])
+ACTOR_FAILURES = Counter(
+    "rollart_llmproxy_actor_failures_total", "Turns ended UNAVAILABLE because their actor failed", ["actor"]
+)
+SUSPENDED = Gauge("rollart_llmproxy_suspended", "1 while admission is suspended")
+WAITERS = Gauge("rollart_llmproxy_suspended_waiters", "Requests waiting for admission")
+ADMISSION_WAIT = Histogram(
+    "rollart_llmproxy_admission_wait_seconds",
+    "Time a turn waited for admission",
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+TTFT = Histogram(
+    "rollart_llmproxy_time_to_first_token_seconds",
+    "From the proxy receiving a turn to its first token",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+TOKENS = Counter("rollart_llmproxy_generated_tokens_total", "Tokens streamed to callers", ["actor"])
+ABORTED = Counter("rollart_llmproxy_aborted_total", "Turns ended by Abort")
+PD_TURNS = Counter("rollart_llmproxy_pd_turns_total", "Turns by PD mode", ["mode"])
+HTTP_REQUESTS = Counter("rollart_llmproxy_http_requests_total", "OpenAI API requests", ["path", "status"])

@@ -1,0 +1,385 @@
+"""Routing decisions: which actor generates a turn (and which one prefills it under PD).
+
+Pure bookkeeping, no I/O, so that every rule is unit-testable. The order of preference for a turn:
+
+1. the trajectory's sticky actor (prefix-cache locality), while it is usable and inside the task's affinity
+   scope (or nothing inside the scope is usable);
+2. the request's preferred actor (e.g. the lease's assigned actor), under the same conditions;
+3. the least loaded usable actor (outstanding tokens, then outstanding requests, ties rotated) in the scope;
+4. with fallback allowed: the least loaded usable actor in a compatible pool, then anywhere.
+
+Usable means healthy, ready, not draining, not excluded by the caller (an actor that just failed this turn)
+and on an admissible version: ``lo <= active_version`` and, when ``hi > 0``, ``active_version <= hi``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from rollart.v1 import common_pb2
+from rollart.v1 import llmproxy_pb2 as lp
+
+HEALTHY = lp.PROXY_ACTOR_STATE_HEALTHY
+UNHEALTHY = lp.PROXY_ACTOR_STATE_UNHEALTHY
+DRAINING = lp.PROXY_ACTOR_STATE_DRAINING
+
+PK = common_pb2.PoolKind
+# Compatible pool kinds when a pool names no fallbacks (the resource manager's defaults).
+KIND_FALLBACK = {
+    PK.POOL_KIND_GPU_COMPUTE: (PK.POOL_KIND_GPU_BANDWIDTH,),
+    PK.POOL_KIND_GPU_BANDWIDTH: (PK.POOL_KIND_GPU_COMPUTE,),
+    PK.POOL_KIND_CPU: (PK.POOL_KIND_SERVERLESS,),
+    PK.POOL_KIND_SERVERLESS: (PK.POOL_KIND_CPU,),
+}
+GRAVEYARD = 1024  # removed actors remembered for "was any actor ever registered for this task"
+
+
+class NoRoute(Exception):
+    """No actor can take the turn. ``retryable``: maybe later (UNAVAILABLE); else FAILED_PRECONDITION."""
+
+    def __init__(self, message: str, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(eq=False)
+class ActorEntry:
+    actor_id: str
+    endpoint: str
+    pool: str = ""
+    region: str = ""
+    hardware: common_pb2.Hardware = field(default_factory=common_pb2.Hardware)
+    pd_role: int = common_pb2.PD_ROLE_UNIFIED
+    state: int = HEALTHY
+    # Where it was learned from: AddActor/config, and/or the resource manager.
+    static: bool = False
+    from_rm: bool = False
+    binding_ids: set[str] = field(default_factory=set)
+    # Version state, from its status and from the versions of the tokens it streams.
+    active_version: int = 0
+    version_known: bool = False
+    first_version_seen: int = -1
+    # True once a status poll answered and said the engine serves.
+    ready: bool = False
+    outstanding_requests: int = 0
+    outstanding_tokens: int = 0
+    tokens_per_s: float = 0.0
+    step_allocation: int = 0
+    last_error: str = ""
+    last_ok: float = 0.0
+    model: str = ""
+    max_model_len: int = 0
+    failures: int = 0
+    removed: bool = False
+    # The actor itself says it drains (a ledger Drain): its sticky trajectories continue, no new ones.
+    self_draining: bool = False
+
+    @property
+    def tags(self) -> set[str]:
+        return set(self.hardware.tags)
+
+    def routable(self) -> bool:
+        return self.state == HEALTHY and self.ready and not self.removed
+
+    def admits(self, lo: int, hi: int) -> bool:
+        return self.version_known and self.active_version >= lo and (hi <= 0 or self.active_version <= hi)
+
+    def observe_version(self, version: int) -> bool:
+        """Record an active version (from status or streamed tokens); True when it changed."""
+        if self.first_version_seen < 0:
+            self.first_version_seen = version
+        changed = not self.version_known or version != self.active_version
+        self.version_known = True
+        self.active_version = version
+        return changed
+
+
+@dataclass(frozen=True)
+class Rule:
+    task: str
+    pool: str = ""
+    binding_id: str = ""
+    pool_kind: int = 0
+    hardware_tags: tuple[str, ...] = ()
+    allow_fallback: bool = True
+
+    @classmethod
+    def from_proto(cls, r: lp.AffinityRule) -> "Rule":
+        return cls(r.task, r.pool, r.binding_id, r.pool_kind, tuple(r.hardware_tags), r.allow_fallback)
+
+    def to_proto(self) -> lp.AffinityRule:
+        return lp.AffinityRule(
+            task=self.task,
+            pool=self.pool,
+            binding_id=self.binding_id,
+            pool_kind=self.pool_kind,
+            hardware_tags=list(self.hardware_tags),
+            allow_fallback=self.allow_fallback,
+        )
+
+
+def specificity(pattern: str, task: str) -> int | None:
+    """How specifically ``pattern`` matches ``task`` (higher wins); None when it does not match."""
+    if pattern == task:
+        return 1 << 30
+    if pattern.endswith("*") and task.startswith(pattern[:-1]):
+        return len(pattern)  # "*" -> 1, "gem:*" -> 5, "gem:game:*" -> 10
+    return None
+
+
+def check_pattern(pattern: str) -> str | None:
+    """Why an affinity task pattern is invalid, or None."""
+    if not pattern:
+        return "task is required (an exact tag, a prefix ending in '*', or '*')"
+    if "*" in pattern[:-1]:
+        return f"task {pattern!r}: '*' may only end the pattern"
+    if len(pattern) > 256:
+        return "task is longer than 256 characters"
+    return None
+
+
+@dataclass
+class PoolInfo:
+    kind: int = 0
+    fallback_pools: tuple[str, ...] = ()
+    up: bool = True
+
+
+@dataclass
+class Route:
+    actor: ActorEntry
+    reason: int
+    # The pool's PD split when the actor's pool routes through PD (the caller decides by prompt length).
+    pd: lp.PdPoolConfig | None = None
+
+
+class Router:
+    def __init__(self, max_sticky: int = 200_000) -> None:
+        self.actors: dict[str, ActorEntry] = {}
+        self.graveyard: OrderedDict[str, ActorEntry] = OrderedDict()
+        self.pools: dict[str, PoolInfo] = {}
+        # Rules set by SetAffinity/config, and rules derived from resource-manager bindings (affinity_tag).
+        self.rules: dict[str, Rule] = {}
+        self.derived_rules: dict[str, Rule] = {}
+        self.pd: dict[str, lp.PdPoolConfig] = {}
+        self.window = lp.VersionWindow()
+        self.max_sticky = max_sticky
+        # trajectory -> (actor id, prefill actor id or "")
+        self.sticky: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        # trajectories whose last turn failed on an actor (their next route says RETRY)
+        self.retrying: OrderedDict[str, None] = OrderedDict()
+        self._turn = 0
+
+    # ------------------------------------------------------------------------------------------ membership
+
+    def add(self, entry: ActorEntry) -> ActorEntry:
+        self.graveyard.pop(entry.actor_id, None)
+        self.actors[entry.actor_id] = entry
+        return entry
+
+    def remove(self, actor_id: str) -> ActorEntry | None:
+        entry = self.actors.pop(actor_id, None)
+        if entry is not None:
+            entry.removed = True
+            self.graveyard[actor_id] = entry
+            while len(self.graveyard) > GRAVEYARD:
+                self.graveyard.popitem(last=False)
+        return entry
+
+    # ------------------------------------------------------------------------------------------ affinity
+
+    def rule_for(self, task: str) -> Rule | None:
+        best: tuple[int, int] | None = None
+        chosen = None
+        for explicit, table in ((1, self.rules), (0, self.derived_rules)):
+            for pattern, rule in table.items():
+                s = specificity(pattern, task)
+                if s is None:
+                    continue
+                key = (s, explicit)
+                if best is None or key > best:
+                    best, chosen = key, rule
+        return chosen
+
+    def in_scope(self, rule: Rule | None, a: ActorEntry) -> bool:
+        if rule is None:
+            return True
+        if rule.pool and a.pool != rule.pool:
+            return False
+        if rule.binding_id and rule.binding_id not in a.binding_ids:
+            return False
+        if rule.pool_kind and self.pools.get(a.pool, PoolInfo()).kind != rule.pool_kind:
+            return False
+        return not rule.hardware_tags or set(rule.hardware_tags) <= a.tags
+
+    def _target_pools(self, rule: Rule, actors: Iterable[ActorEntry]) -> set[str]:
+        if rule.pool:
+            return {rule.pool}
+        if rule.pool_kind:
+            return {name for name, p in self.pools.items() if p.kind == rule.pool_kind}
+        return {a.pool for a in actors if self.in_scope(rule, a)}
+
+    def compatible_pools(self, rule: Rule, actors: Iterable[ActorEntry]) -> set[str]:
+        """Pools a rule's requests fall back to: the target pools' own fallbacks, else by kind."""
+        out: set[str] = set()
+        for name in self._target_pools(rule, list(actors)):
+            info = self.pools.get(name)
+            if info is None:
+                continue
+            if info.fallback_pools:
+                out.update(info.fallback_pools)
+            else:
+                kinds = KIND_FALLBACK.get(info.kind, ())
+                out.update(n for n, p in self.pools.items() if p.kind in kinds)
+        return out
+
+    # ------------------------------------------------------------------------------------------ PD
+
+    def _pd_of(self, pool: str) -> lp.PdPoolConfig | None:
+        cfg = self.pd.get(pool)
+        return cfg if cfg is not None and cfg.enabled else None
+
+    def _serves_decode(self, a: ActorEntry) -> bool:
+        cfg = self._pd_of(a.pool)
+        if cfg is not None:
+            if a.actor_id in cfg.prefill_actor_ids:
+                return False
+            if cfg.decode_actor_ids:
+                return a.actor_id in cfg.decode_actor_ids
+        return a.pd_role != common_pb2.PD_ROLE_PREFILL
+
+    def prefill_candidates(self, cfg: lp.PdPoolConfig) -> list[ActorEntry]:
+        if cfg.prefill_actor_ids:
+            return [self.actors[i] for i in cfg.prefill_actor_ids if i in self.actors]
+        return [a for a in self.actors.values() if a.pool == cfg.pool and a.pd_role == common_pb2.PD_ROLE_PREFILL]
+
+    # ------------------------------------------------------------------------------------------ routing
+
+    def bounds(self, min_version: int) -> tuple[int, int]:
+        lo = max(self.window.min_version, min_version, 0)
+        return lo, self.window.max_version
+
+    def usable(self, a: ActorEntry, lo: int, hi: int, exclude: frozenset[str] | set[str]) -> bool:
+        return a.routable() and a.admits(lo, hi) and a.actor_id not in exclude
+
+    def least_loaded(self, candidates: list[ActorEntry]) -> ActorEntry:
+        best = min((a.outstanding_tokens, a.outstanding_requests) for a in candidates)
+        tied = [a for a in candidates if (a.outstanding_tokens, a.outstanding_requests) == best]
+        self._turn += 1
+        return tied[self._turn % len(tied)]
+
+    def route(
+        self,
+        *,
+        trajectory_id: str,
+        task: str,
+        preferred_actor_id: str = "",
+        min_version: int = 0,
+        exclude: frozenset[str] | set[str] = frozenset(),
+    ) -> Route:
+        lo, hi = self.bounds(min_version)
+        if hi > 0 and lo > hi:
+            raise NoRoute(f"min_version {lo} is above the proxy's version window (max {hi})", retryable=False)
+        rule = self.rule_for(task)
+        actors = list(self.actors.values())
+        usable = [a for a in actors if self.usable(a, lo, hi, exclude) and self._serves_decode(a)]
+        in_scope = [a for a in usable if self.in_scope(rule, a)]
+        # Actors that drain by themselves keep their sticky trajectories but take no new ones.
+        fresh = [a for a in usable if not a.self_draining]
+        fresh_in_scope = [a for a in in_scope if not a.self_draining]
+
+        def acceptable(actor_id: str) -> ActorEntry | None:
+            a = self.actors.get(actor_id)
+            if a is None or a not in usable:
+                return None
+            return a if (a in in_scope or not in_scope) else None
+
+        sticky = self.sticky.get(trajectory_id)
+        if sticky is not None:
+            a = acceptable(sticky[0])
+            if a is not None and (a in in_scope or (rule is not None and rule.allow_fallback)):
+                self.sticky.move_to_end(trajectory_id)
+                return Route(a, lp.ROUTE_REASON_STICKY, self._pd_of(a.pool))
+        if preferred_actor_id:
+            a = acceptable(preferred_actor_id)
+            if a is not None and (a in in_scope or (rule is not None and rule.allow_fallback)):
+                return Route(a, lp.ROUTE_REASON_PREFERRED, self._pd_of(a.pool))
+        retry = trajectory_id in self.retrying
+        if fresh_in_scope:
+            a = self.least_loaded(fresh_in_scope)
+            reason = lp.ROUTE_REASON_RETRY if retry else lp.ROUTE_REASON_LEAST_LOADED
+            return Route(a, reason, self._pd_of(a.pool))
+        if rule is not None and rule.allow_fallback and fresh:
+            compatible = self.compatible_pools(rule, actors)
+            tier = [a for a in fresh if a.pool in compatible] or fresh
+            a = self.least_loaded(tier)
+            return Route(a, lp.ROUTE_REASON_RETRY if retry else lp.ROUTE_REASON_FALLBACK, self._pd_of(a.pool))
+        raise self._no_route(task, rule, lo, hi, exclude)
+
+    def _no_route(self, task: str, rule: Rule | None, lo: int, hi: int, exclude) -> NoRoute:
+        known = [*self.actors.values(), *self.graveyard.values()]
+        scope = known if (rule is None or rule.allow_fallback) else [a for a in known if self.in_scope(rule, a)]
+        where = f"task {task!r}" + (f" (affinity rule {rule.task!r})" if rule is not None else "")
+        if not scope:
+            return NoRoute(f"no actor has ever been registered for {where}", retryable=False)
+        if hi > 0 and all(0 <= a.first_version_seen and a.first_version_seen > hi for a in scope):
+            # Versions only grow: none of these actors will ever be inside the window again.
+            return NoRoute(f"every actor for {where} is past the version window's max {hi}", retryable=False)
+        states = {}
+        for a in scope:
+            if a.removed:
+                why = "removed"
+            elif a.actor_id in exclude:
+                why = "failed this turn"
+            elif a.state != HEALTHY:
+                why = lp.ProxyActorState.Name(a.state).removeprefix("PROXY_ACTOR_STATE_").lower()
+            elif not a.ready:
+                why = "not ready"
+            elif not a.admits(lo, hi):
+                why = f"version {a.active_version if a.version_known else '?'} outside [{lo}, {hi or 'inf'}]"
+            elif a.self_draining:
+                why = "draining"
+            else:
+                why = "prefill only"
+            states[a.actor_id] = why
+        shown = ", ".join(f"{k}: {v}" for k, v in list(states.items())[:8])
+        return NoRoute(f"no usable actor for {where} right now ({shown})", retryable=True)
+
+    def choose_prefill(
+        self, trajectory_id: str, cfg: lp.PdPoolConfig, lo: int, hi: int, exclude: frozenset[str] | set[str]
+    ) -> ActorEntry | None:
+        candidates = [a for a in self.prefill_candidates(cfg) if self.usable(a, lo, hi, exclude)]
+        if not candidates:
+            return None
+        sticky = self.sticky.get(trajectory_id)
+        if sticky is not None and sticky[1]:
+            for a in candidates:
+                if a.actor_id == sticky[1]:
+                    return a
+        return self.least_loaded(candidates)
+
+    # ------------------------------------------------------------------------------------------ stickiness
+
+    def stick(self, trajectory_id: str, actor_id: str, prefill_actor_id: str = "") -> None:
+        self.sticky[trajectory_id] = (actor_id, prefill_actor_id)
+        self.sticky.move_to_end(trajectory_id)
+        while len(self.sticky) > self.max_sticky:
+            self.sticky.popitem(last=False)
+        self.retrying.pop(trajectory_id, None)
+
+    def mark_failed(self, trajectory_id: str, actor_id: str) -> None:
+        """The trajectory's actor failed: forget the stickiness, and say RETRY on its next route."""
+        entry = self.sticky.get(trajectory_id)
+        if entry is not None and entry[0] == actor_id:
+            del self.sticky[trajectory_id]
+        self.retrying[trajectory_id] = None
+        while len(self.retrying) > self.max_sticky:
+            self.retrying.popitem(last=False)
+
+    def sticky_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for actor_id, _prefill in self.sticky.values():
+            counts[actor_id] = counts.get(actor_id, 0) + 1
+        return counts

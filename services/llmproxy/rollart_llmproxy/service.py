@@ -1,0 +1,237 @@
+"""The LLMProxy gRPC service (rollart.v1.LLMProxy), plus the OpenAI HTTP API and membership tasks it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import re
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any
+
+from grpc import aio
+
+from rollart.discovery import Registration
+from rollart.runtime.config import _check_address
+from rollart.v1 import common_pb2
+from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2_grpc as lg
+from rollart.v1 import resource_manager_pb2 as rm
+
+from .config import LLMProxyConfig
+from .core import Proxy, TurnError, check_id, invalid
+from .membership import LedgerWatch, ResourceManagerSync, discover
+from .openai_http import OpenAIServer
+
+log = logging.getLogger(__name__)
+
+ACTOR_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/#+=-]{0,199}$")
+
+
+def handler(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Maps TurnError (raised by validation and the core) to the call's status."""
+
+    @functools.wraps(fn)
+    async def run(self: "LLMProxyService", request: Any, context: aio.ServicerContext) -> Any:
+        try:
+            return await fn(self, request, context)
+        except TurnError as exc:
+            await context.abort(exc.code, exc.message, trailing_metadata=tuple(exc.trailing))
+
+    return run
+
+
+class LLMProxyService(lg.LLMProxyServicer):
+    name = "llmproxy"
+    service_names = [lp.DESCRIPTOR.services_by_name["LLMProxy"].full_name]
+
+    def __init__(self, cfg: LLMProxyConfig) -> None:
+        self.cfg = cfg
+        self.proxy: Proxy | None = None  # created in start(): it needs the running loop
+        self.http: OpenAIServer | None = None
+        self.registration: Registration | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def p(self) -> Proxy:
+        assert self.proxy is not None
+        return self.proxy
+
+    def add_to_server(self, server: aio.Server) -> None:
+        lg.add_LLMProxyServicer_to_server(self, server)
+
+    async def start(self) -> None:
+        self.proxy = Proxy(self.cfg)
+        await self.proxy.start()
+        if self.cfg.resource_manager:
+            sync = ResourceManagerSync(self.proxy, self.cfg.resource_manager)
+            self._tasks.append(asyncio.create_task(sync.run(), name="rm-sync"))
+        if self.cfg.ledger or self.cfg.resource_manager:
+            self._tasks.append(asyncio.create_task(self._follow_ledger(), name="ledger-watch"))
+        if self.cfg.http_listen:
+            self.http = OpenAIServer(self.proxy)
+            address = await self.http.start(self.cfg.http_listen)
+            self.proxy.openai_base_url = f"http://{address}/v1"
+            log.info("OpenAI API serving", extra={"fields": {"base_url": self.proxy.openai_base_url}})
+
+    async def _follow_ledger(self) -> None:
+        """Watch the configured ledger, or the one the resource manager knows (role "ledger")."""
+        address = self.cfg.ledger
+        if address is None:
+            assert self.cfg.resource_manager is not None
+            address = await discover(self.cfg.resource_manager, "ledger", self.cfg)
+        sub = self.cfg.ledger_subscriber_id or self.cfg.instance_name or "llmproxy"
+        log.info("following the ledger", extra={"fields": {"ledger": address, "subscriber": sub}})
+        await LedgerWatch(self.p, address, sub).run()
+
+    async def stop(self) -> None:
+        if self.registration is not None:
+            await self.registration.stop()
+        if self.http is not None:
+            await self.http.stop()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.proxy is not None:
+            await self.proxy.stop()
+
+    def ready_info(self) -> dict[str, Any]:
+        if self.http is None:
+            return {}
+        return {"http_address": self.http.address, "openai_base_url": self.p.openai_base_url}
+
+    async def on_serving(self, address: str) -> None:
+        if not self.cfg.resource_manager:
+            return
+        labels = {"openai_base_url": self.p.openai_base_url} if self.http is not None else {}
+        worker = rm.Worker(
+            worker_id=self.cfg.instance_name or f"llmproxy-{socket.gethostname()}-{os.getpid()}",
+            role="llmproxy",
+            endpoint=address,
+            pool=self.cfg.rm_pool,
+            hardware=common_pb2.Hardware(accelerator="cpu", count=os.cpu_count() or 1),
+            labels=labels,
+            ttl_seconds=10.0,
+        )
+        pool = None
+        if self.cfg.rm_register_pool:
+            pool = rm.Pool(name=self.cfg.rm_pool, kind=common_pb2.POOL_KIND_CPU, capacity=8)
+        self.registration = Registration(
+            self.cfg.resource_manager, worker, token=self.cfg.token(), tls=self.cfg.tls, pool=pool
+        )
+        await self.registration.start()
+
+    # --------------------------------------------------------------------------------------------- generation
+
+    async def Generate(
+        self, request: lp.TrajectoryGenerateRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[lp.TrajectoryGenerateResponse]:
+        try:
+            async with aclosing(self.p.generate(request, context.time_remaining())) as gen:
+                async for resp in gen:
+                    yield resp
+        except TurnError as exc:
+            await context.abort(exc.code, exc.message, trailing_metadata=tuple(exc.trailing))
+
+    @handler
+    async def Tokenize(self, request: lp.ProxyTokenizeRequest, context: aio.ServicerContext) -> Any:
+        if not request.HasField("request"):
+            raise invalid("request is required")
+        remaining = context.time_remaining()
+        return await self.p.tokenize(request.task, request.request, min(remaining or 30.0, 30.0))
+
+    # ------------------------------------------------------------------------------------------ step protocol
+
+    @handler
+    async def Suspend(self, request: lp.SuspendRequest, context: aio.ServicerContext) -> lp.AdmissionState:
+        if len(request.reason) > 1000:
+            raise invalid("reason is longer than 1000 characters")
+        return self.p.suspend(request.reason, request.step)
+
+    @handler
+    async def Resume(self, request: lp.ResumeRequest, context: aio.ServicerContext) -> lp.AdmissionState:
+        return self.p.resume()
+
+    @handler
+    async def Abort(self, request: lp.ProxyAbortRequest, context: aio.ServicerContext) -> lp.ProxyAbortResponse:
+        if not request.trajectory_ids:
+            raise invalid("trajectory_ids is required")
+        for i, tid in enumerate(request.trajectory_ids):
+            check_id(f"trajectory_ids[{i}]", tid)
+        return self.p.abort(list(request.trajectory_ids), request.reason[:1000])
+
+    @handler
+    async def SetVersionWindow(
+        self, request: lp.SetVersionWindowRequest, context: aio.ServicerContext
+    ) -> lp.VersionWindow:
+        return self.p.set_window(request.window)
+
+    # ---------------------------------------------------------------------------------------- membership
+
+    @handler
+    async def ListActors(
+        self, request: lp.ListProxyActorsRequest, context: aio.ServicerContext
+    ) -> lp.ListProxyActorsResponse:
+        return lp.ListProxyActorsResponse(actors=self.p.list_actors(request.pool))
+
+    @handler
+    async def AddActor(self, request: lp.AddProxyActorRequest, context: aio.ServicerContext) -> lp.ProxyActor:
+        if not ACTOR_ID_RE.match(request.actor_id):
+            raise invalid(f"actor_id is required and must match {ACTOR_ID_RE.pattern}")
+        try:
+            _check_address(request.endpoint)
+        except ValueError as exc:
+            raise invalid(f"endpoint: {exc}") from None
+        if request.pd_role not in common_pb2.PdRole.values():
+            raise invalid(f"unknown pd_role {request.pd_role}")
+        self.p.removed_by_hand.discard(request.actor_id)
+        entry = self.p.add_actor(
+            request.actor_id,
+            request.endpoint,
+            pool=request.pool,
+            region=request.region,
+            hardware=request.hardware,
+            pd_role=request.pd_role or common_pb2.PD_ROLE_UNIFIED,
+            static=True,
+            poll=False,
+        )
+        # One status poll before answering, so that the reply (and the next turn) sees its state.
+        client = self.p.clients.get(entry.actor_id)
+        if client is not None:
+            await self.p.poll_once(entry, client, timeout=min(self.cfg.status_timeout_seconds, 2.0))
+        self.p._start_poller(entry.actor_id)
+        return self.p.proxy_actor(entry, self.p.router.sticky_counts())
+
+    @handler
+    async def RemoveActor(
+        self, request: lp.RemoveProxyActorRequest, context: aio.ServicerContext
+    ) -> common_pb2.Nothing:
+        if not request.actor_id:
+            raise invalid("actor_id is required")
+        self.p.remove_actor(request.actor_id, request.abort_in_flight)
+        return common_pb2.Nothing()
+
+    @handler
+    async def SetAffinity(self, request: lp.SetAffinityRequest, context: aio.ServicerContext) -> lp.AffinityTable:
+        self.p.set_affinity(list(request.rules), request.merge)
+        return self.p.affinity_table()
+
+    @handler
+    async def GetAffinity(self, request: lp.GetAffinityRequest, context: aio.ServicerContext) -> lp.AffinityTable:
+        return self.p.affinity_table()
+
+    @handler
+    async def SetPdConfig(self, request: lp.SetPdConfigRequest, context: aio.ServicerContext) -> lp.PdRouting:
+        self.p.set_pd(list(request.pools), request.merge)
+        return self.p.pd_routing()
+
+    @handler
+    async def GetPdConfig(self, request: lp.GetPdConfigRequest, context: aio.ServicerContext) -> lp.PdRouting:
+        return self.p.pd_routing()
+
+    @handler
+    async def GetStatus(self, request: lp.ProxyStatusRequest, context: aio.ServicerContext) -> lp.ProxyStatus:
+        return self.p.status()
