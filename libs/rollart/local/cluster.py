@@ -228,6 +228,8 @@ def up(
             if spec.extra_env is not None:
                 env.update(spec.extra_env(state))
             env.update((env_overrides or {}).get(spec.name, {}))
+            # What this instance got on top of our environment: restart() starts it again the same way.
+            overlay = {k: v for k, v in env.items() if k.startswith("ROLLART_") or os.environ.get(k) != v}
             proc = ManagedProcess(
                 name,
                 [script],
@@ -241,6 +243,8 @@ def up(
                 "address": info["address"],
                 "metrics_port": info.get("metrics_port"),
                 "log": str(proc.log_path),
+                "script": script,
+                "env": overlay,
             }
             # Extra endpoints a service announces in its ready file (e.g. the relay's data_endpoint).
             extra = {k: v for k, v in info.items() if k not in ("service", "address", "metrics_port", "pid")}
@@ -251,6 +255,35 @@ def up(
         down(state_dir, log=lambda _m: None)
         raise
     return state
+
+
+def restart(state_dir: Path, name: str, *, ready_timeout: float = 180.0) -> dict:
+    """Start a dead service of the cluster again, on the same addresses (its peers keep theirs). Returns its
+    new state entry. A supervisor (``rollart run``) calls it after a crash or a SIGKILL."""
+    state = read_state(state_dir)
+    info = state.get("services", {}).get(name)
+    if info is None or "script" not in info:
+        raise ProcessError(f"no restartable service {name!r} in {state_dir}")
+    if pid_alive(info["pid"]):
+        raise ProcessError(f"{name} is running (pid {info['pid']})")
+    env = dict(os.environ)
+    env.pop("ROLLART_JOB_TOKEN", None)
+    env.pop("ROLLART_JOB_KEY", None)
+    env.update(info["env"])
+    env["ROLLART_LISTEN"] = info["address"]
+    if info.get("metrics_port"):
+        env["ROLLART_METRICS_LISTEN"] = f"127.0.0.1:{info['metrics_port']}"
+    if info.get("data_endpoint"):  # the relay's striped-transport listener
+        env["ROLLART_DATA_LISTEN"] = info["data_endpoint"]
+    ready = Path(env["ROLLART_READY_FILE"])
+    proc = ManagedProcess(name, [info["script"]], log_path=Path(info["log"]), env=env, ready_file=ready).start()
+    new = proc.wait_ready(ready_timeout)
+    info = dict(info, pid=proc.pid, restarts=int(info.get("restarts", 0)) + 1)
+    info.update({k: v for k, v in new.items() if k not in ("service", "pid")})
+    state = read_state(state_dir)
+    state["services"][name] = info
+    write_state(state_dir, state)
+    return info
 
 
 def down(state_dir: Path, *, log: Callable[[str], None] = print) -> bool:

@@ -544,6 +544,16 @@ class WeightManager:
                 if old_ws is not None:
                     self.host.ws = old_ws
                 raise WeightError(_delta_code(exc), f"applying the staged deltas failed: {exc}") from None
+            if full is None and not touched:
+                # An empty delta (no weight changed: e.g. a training step whose groups all had equal rewards)
+                # only switches the version: nothing to reload, no KV cache to recompute. (rollart-trainer)
+                from .engine import UpdateStats
+
+                self.host.set_version(to_version, final_hash or None)
+                self.engine.version = to_version
+                now = time.time()
+                stats = UpdateStats(from_version, to_version, 0, 0, False, 0.0, 0.0, 0, {"tensors": 0}, now)
+                return self._result(stats, from_version, to_version, "delta", len(deltas), 0, entries, 0)
             path = self._payload_path(to_version)
             nbytes = await asyncio.to_thread(self.host.write, path, None if full is not None else touched)
             prep_s = time.perf_counter() - t0

@@ -1,0 +1,647 @@
+"""``rollart run JOB.yaml``: train one job on a local cluster, from nothing to a reward curve.
+
+1. prepares the model (``job.model: tiny`` builds the warm-started tiny model of the ``model`` section with
+   ``python -m rollart_trainer.warmstart``, cached by recipe);
+2. starts a private local cluster (``rollart up`` with two actors by default: redis, the Mooncake master,
+   resource manager, ledger, relay, trainer, reward, actors, LLMProxy, envmanager) in ``<out>/cluster``;
+3. starts the job on the trainer and the environment loops on the envmanager;
+4. shows progress (step, reward, tokens/s, staleness, the version of each actor) while restarting any
+   service that dies (a supervisor: the trainer resumes from its checkpoint, an actor rejoins);
+5. at the end (or on Ctrl-C / SIGTERM, or the ``run.timeout``) stops the loops and the job, writes
+   ``<out>/metrics.jsonl`` (one line per step), ``<out>/reward.png`` and ``<out>/summary.json``, and stops
+   every process it started.
+
+torch-free: the model is built by a child process of the trainer package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import grpc
+from grpc import aio
+
+from rollart.local import cluster as local
+from rollart.local.processes import ProcessError, pid_alive
+from rollart.runtime.client import channel
+from rollart.v1 import envmanager_pb2, envmanager_pb2_grpc, ledger_pb2, ledger_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+
+from .metrics import read_records
+from .spec import SpecError, environment_spec, job_spec, load_job_file, model_dir_digest
+
+T = trainer_pb2
+
+# Environment of the services under `rollart run`, unless the job file's cluster.env says otherwise.
+DEFAULT_SERVICE_ENV: dict[str, dict[str, str]] = {
+    # Small CPU engines: one KV-cache GiB each; a short context keeps the prefix cache hot.
+    "actor": {"ROLLART_KV_CACHE_GIB": "1", "ROLLART_MAX_NUM_SEQS": "64", "ROLLART_LEDGER_HEARTBEAT_SECONDS": "0.5"},
+    "trainer": {"ROLLART_TORCH_THREADS": "1"},
+}
+
+
+@dataclass
+class RunOptions:
+    job_file: Path
+    out_dir: Path
+    actors: int = 2
+    loops: int = 16
+    timeout: float = 0.0
+    fresh: bool = True
+    min_improvement: float = 0.0  # exit 1 unless mean reward of the last 10 steps >= this x the first 10
+    restart_dead: bool = True
+    restart: list[str] | None = None  # services the supervisor restarts (None: every one)
+    quiet: bool = False
+    service_env: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def _section(data: dict[str, Any], name: str) -> dict[str, Any]:
+    value = data.get(name) or {}
+    if not isinstance(value, dict):
+        raise SpecError(f"{name}: expected a mapping")
+    return value
+
+
+def prepare_model(model_section: dict[str, Any], out_root: Path, log: TextIO) -> Path:
+    """Build (or reuse) the warm-started tiny model described by the job file's ``model`` section."""
+    builder = str(model_section.get("builder", "tiny"))
+    if builder != "tiny":
+        raise SpecError(f"model.builder: unknown builder {builder!r} (tiny)")
+    recipe = {k: v for k, v in model_section.items() if k != "builder"}
+    name = str(recipe.pop("name", "tiny-" + str(recipe.get("warm_start", "plain"))))
+    out = Path(str(recipe.pop("dir", ""))) if recipe.get("dir") else out_root / "models" / name
+    argv = [sys.executable, "-m", "rollart_trainer.warmstart", "--out", str(out)]
+    flags = {
+        "warm_start": "--task",
+        "episodes": "--episodes",
+        "p_expert": "--p-expert",
+        "max_turns": "--max-turns",
+        "layers": "--layers",
+        "hidden": "--hidden",
+        "vocab": "--vocab",
+        "pretrain_steps": "--pretrain-steps",
+        "seed": "--seed",
+    }
+    for key, value in recipe.items():
+        if key == "options":
+            for k, v in (value or {}).items():
+                argv += ["--option", f"{k}={v}"]
+        elif key in flags:
+            argv += [flags[key], str(value)]
+        else:
+            raise SpecError(f"model.{key}: unknown key (known: builder, name, dir, options, {', '.join(flags)})")
+    print(f"model            building {out} (warm start; cached by recipe)", file=log, flush=True)
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ProcessError(f"building the model failed:\n{proc.stderr[-3000:]}")
+    info = json.loads(proc.stdout[proc.stdout.index("{") :])
+    what = "reused" if info.get("cached") else f"built in {time.monotonic() - t0:.0f}s"
+    print(
+        f"model            {what}: {info.get('parameters')} parameters, "
+        f"warm-start expert success {info.get('expert_success_rate')}",
+        file=log,
+        flush=True,
+    )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ progress
+
+
+class Progress:
+    """A one-line progress bar on a terminal, one line per step otherwise."""
+
+    def __init__(self, total: int, stream: TextIO, quiet: bool = False) -> None:
+        self.total = total
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.quiet = quiet
+        self.t0 = time.monotonic()
+        self.rewards: list[float] = []
+        self.phase = ""
+        self.last = ""
+
+    def _bar(self, done: int, width: int = 24) -> str:
+        if not self.total:
+            return f"{done} steps"
+        filled = int(width * min(done, self.total) / self.total)
+        return "[" + "#" * filled + "." * (width - filled) + f"] {done}/{self.total}"
+
+    def step(self, m: T.StepMetrics) -> None:
+        self.rewards.append(m.reward_mean)
+        recent = self.rewards[-10:]
+        versions = " ".join(f"{a.split('-')[-1]}:v{v}" for a, v in sorted(m.actor_versions.items()))
+        elapsed = time.monotonic() - self.t0
+        self.last = (
+            f"{self._bar(m.step)} reward {m.reward_mean:.3f} (avg10 {sum(recent) / len(recent):.3f})"
+            f" | {m.rollout_tokens_per_s:6.0f} tok/s | stale {m.staleness_mean:.2f}/{m.staleness_max}"
+            f" | step {m.step_time.ToNanoseconds() / 1e9:5.1f}s | actors {versions or '-'} | {elapsed:4.0f}s"
+        )
+        self._show(final=not self.tty)
+
+    def note(self, text: str) -> None:
+        if self.tty and self.last:
+            self.stream.write("\r\x1b[2K")
+        self.stream.write(text + "\n")
+        if self.tty and self.last:
+            self.stream.write(self.last)
+        self.stream.flush()
+
+    def _show(self, final: bool = False) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + self.last)
+        elif final:
+            self.stream.write(self.last + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.last and not self.quiet:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# ------------------------------------------------------------------------------------------------ outputs
+
+
+def improvement(rewards: list[float], window: int = 10) -> tuple[float, float, float]:
+    """(mean of the first ``window``, mean of the last ``window``, their ratio; inf when the first is 0)."""
+    if not rewards:
+        return 0.0, 0.0, 0.0
+    w = min(window, len(rewards))
+    first = sum(rewards[:w]) / w
+    last = sum(rewards[-w:]) / w
+    ratio = last / first if first > 0 else (math.inf if last > 0 else 0.0)
+    return first, last, ratio
+
+
+def plot_rewards(records: list[dict[str, Any]], path: Path, title: str) -> bool:
+    """The reward curve (mean ± std per step, and its 10-step moving average) as a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    steps = [r["step"] for r in records]
+    mean = [r.get("reward_mean", 0.0) for r in records]
+    std = [r.get("reward_std", 0.0) for r in records]
+    avg = [sum(mean[max(0, i - 9) : i + 1]) / len(mean[max(0, i - 9) : i + 1]) for i in range(len(mean))]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    lo = [max(m - s, r.get("reward_min", m - s)) for m, s, r in zip(mean, std, records)]
+    hi = [min(m + s, r.get("reward_max", m + s)) for m, s, r in zip(mean, std, records)]
+    ax.fill_between(steps, lo, hi, alpha=0.15, label="± std (within min..max)")
+    ax.plot(steps, mean, marker=".", linewidth=1, label="batch mean reward")
+    ax.plot(steps, avg, linewidth=2, label="10-step moving average")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------- run
+
+
+class Runner:
+    def __init__(self, opts: RunOptions, data: dict[str, Any], log: TextIO = sys.stderr) -> None:
+        self.opts = opts
+        self.data = data
+        self.log = log
+        self.spec = job_spec(_section(data, "job"))
+        self.env_spec = environment_spec(_section(data, "environment"))
+        self.state_dir = opts.out_dir / "cluster"
+        self.state: dict[str, Any] = {}
+        self.token = ""
+        self.stop_reason = ""
+        self.job: T.TrainerJob | None = None
+        self.restarts: dict[str, int] = {}
+        self.final: dict[str, Any] = {}
+        self.dead: set[str] = set()
+
+    def say(self, text: str) -> None:
+        if hasattr(self, "progress"):
+            self.progress.note(text)
+        else:
+            print(text, file=self.log, flush=True)
+
+    # -- set-up ---------------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        out = self.opts.out_dir
+        if self.opts.fresh:
+            for p in (self.state_dir, out / "metrics.jsonl", out / "reward.png", out / "summary.json"):
+                if p.is_dir():
+                    shutil.rmtree(p)
+                elif p.exists():
+                    p.unlink()
+        out.mkdir(parents=True, exist_ok=True)
+        spec = self.spec
+        if spec.model in ("", "tiny"):
+            spec.model = str(prepare_model(_section(self.data, "model"), out, self.log))
+        model = Path(spec.model)
+        if not (model / "config.json").is_file():
+            raise SpecError(
+                f"job.model: {spec.model} is not a checkpoint directory (actors keep a host copy of the weights "
+                "to apply deltas to; download hub models first, e.g. huggingface-cli download NAME --local-dir DIR)"
+            )
+        spec.model = str(model.resolve())
+        env: dict[str, str] = {"ROLLART_JOB_ID": spec.job_id or "default", "ROLLART_MODEL": spec.model}
+        env["ROLLART_WEIGHT_HASH"] = model_dir_digest(model).hex()  # h(v0), as the trainer computes it
+        env["ROLLART_WEIGHT_VERSION"] = "0"
+        store = spec.publish.checkpoint_store or str((self.state_dir / "weights").resolve())
+        spec.publish.checkpoint_store = store
+        env["ROLLART_WEIGHT_SOURCE__CHECKPOINT_STORE"] = store
+        overrides: dict[str, dict[str, str]] = {}
+        for name, extra in DEFAULT_SERVICE_ENV.items():
+            overrides.setdefault(name, {}).update(extra)
+        for name, extra in self.opts.service_env.items():
+            overrides.setdefault(name, {}).update({k: str(v) for k, v in extra.items()})
+        self.say(f"cluster          starting in {self.state_dir} ({self.opts.actors} actors)")
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            self.state = local.up(
+                self.state_dir,
+                replicas={"actor": self.opts.actors},
+                env_overrides=overrides,
+                log=lambda line: self.say("  " + line),
+                ready_timeout=120.0,
+            )
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.token = Path(self.state["token_file"]).read_text().strip()
+        svc = self.state["services"]
+        for needed in ("ledger", "relay", "trainer", "llmproxy", "envmanager", "actor"):
+            if needed not in svc:
+                raise ProcessError(f"{needed} did not start (is it installed? run `make setup`)")
+        spec.endpoints.ledger = spec.endpoints.ledger or svc["ledger"]["address"]
+        spec.endpoints.llmproxy = spec.endpoints.llmproxy or svc["llmproxy"]["address"]
+        if not spec.publish.relay_endpoints:
+            spec.publish.relay_endpoints.append(svc["relay"]["address"])
+        if not spec.publish.mooncake_master and self.state.get("mooncake"):
+            spec.publish.mooncake_master = self.state["mooncake"]["address"]
+        spec.metrics_path = str((out / "metrics.jsonl").resolve())
+        if not self.env_spec.task:
+            self.env_spec.task = spec.prompts.task or self.env_spec.environment
+        if not spec.prompts.task:
+            spec.prompts.task = self.env_spec.task
+        if not spec.prompts.environment:
+            spec.prompts.environment = self.env_spec.environment
+        if not self.env_spec.HasField("sampling") and spec.HasField("sampling"):
+            self.env_spec.sampling.CopyFrom(spec.sampling)
+
+    # -- the job ---------------------------------------------------------------------------------------
+
+    def _trainer(self) -> tuple[aio.Channel, trainer_pb2_grpc.TrainerStub]:
+        addr = self.state["services"]["trainer"]["address"]
+        ch = channel(addr, token=self.token, default_timeout=30.0, idempotent=["rollart.v1.Trainer"])
+        return ch, trainer_pb2_grpc.TrainerStub(ch)
+
+    async def start(self) -> None:
+        ch, stub = self._trainer()
+        try:
+            job = await stub.StartJob(T.StartJobRequest(spec=self.spec))
+            self.say(f"job              {job.spec.job_id}: {T.TrainerJobState.Name(job.state)}")
+        finally:
+            await ch.close()
+        env_addr = self.state["services"]["envmanager"]["address"]
+        ech = channel(env_addr, token=self.token, default_timeout=30.0)
+        try:
+            req = envmanager_pb2.StartLoopsRequest(
+                group_id=f"{self.spec.job_id}-loops",
+                env=self.env_spec,
+                count=self.opts.loops,
+                lease_tasks=[self.spec.prompts.task],
+            )
+            group = await envmanager_pb2_grpc.EnvManagerStub(ech).StartLoops(req)
+            self.say(f"envmanager       {group.count} loops of {self.env_spec.environment} (task {self.env_spec.task})")
+        finally:
+            await ech.close()
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Follow the job's events until it ends (reconnecting across trainer restarts)."""
+        self.progress = Progress(self.spec.max_steps, self.log, self.opts.quiet)
+        seen = 0
+        while not stop.is_set():
+            ch, stub = self._trainer()
+            try:
+                call = stub.WatchJob(T.WatchTrainerJobRequest(from_step=seen + 1), timeout=None)
+                async for ev in call:
+                    kind = ev.WhichOneof("event")
+                    if kind == "job":
+                        self.job = ev.job
+                        if ev.job.state == T.TRAINER_JOB_STATE_FAILED:
+                            self.say(f"job failed: {ev.job.error}")
+                    elif kind == "step_finished" and ev.step_finished.step > seen:
+                        seen = ev.step_finished.step
+                        self.progress.step(ev.step_finished)
+                if self.job is not None and self.job.state in (
+                    T.TRAINER_JOB_STATE_COMPLETED,
+                    T.TRAINER_JOB_STATE_FAILED,
+                    T.TRAINER_JOB_STATE_STOPPED,
+                ):
+                    return
+            except aio.AioRpcError as exc:
+                if exc.code() not in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.NOT_FOUND,
+                    grpc.StatusCode.CANCELLED,
+                ):
+                    raise
+                await asyncio.sleep(1.0)
+            finally:
+                await ch.close(grace=None)
+
+    async def supervise(self, stop: asyncio.Event) -> None:
+        """Restart services that die (the job goes on: the trainer resumes, an actor rejoins)."""
+        while not stop.is_set():
+            await asyncio.sleep(1.0)
+            state = local.read_state(self.state_dir)
+            for name, info in state.get("services", {}).items():
+                if pid_alive(info["pid"]) or stop.is_set():
+                    continue
+                n = self.restarts.get(name, 0)
+                base = name.rsplit("-", 1)[0] if name.rsplit("-", 1)[-1].isdigit() else name
+                wanted = self.opts.restart is None or base in self.opts.restart or name in self.opts.restart
+                if not self.opts.restart_dead or not wanted or n >= 5:
+                    if name not in self.dead:
+                        self.dead.add(name)
+                        self.say(f"supervisor       {name} (pid {info['pid']}) died; not restarting it")
+                    continue
+                self.restarts[name] = n + 1
+                self.say(f"supervisor       {name} (pid {info['pid']}) died; restarting it")
+                try:
+                    await asyncio.to_thread(local.restart, self.state_dir, name)
+                    self.say(f"supervisor       {name} is back")
+                except ProcessError as exc:
+                    self.say(f"supervisor       {name} did not come back: {exc}")
+
+    async def stop_job(self) -> None:
+        env_addr = self.state.get("services", {}).get("envmanager", {}).get("address")
+        if env_addr:
+            ech = channel(env_addr, token=self.token, default_timeout=15.0)
+            with contextlib.suppress(aio.AioRpcError):
+                await envmanager_pb2_grpc.EnvManagerStub(ech).StopLoops(
+                    envmanager_pb2.StopLoopsRequest(
+                        group_ids=[f"{self.spec.job_id}-loops"], mode=envmanager_pb2.LOOP_STOP_MODE_ABORT
+                    ),
+                    timeout=15.0,
+                )
+            await ech.close()
+        if "trainer" in self.state.get("services", {}):
+            ch, stub = self._trainer()
+            with contextlib.suppress(aio.AioRpcError):
+                job = await stub.GetJob(T.GetTrainerJobRequest(), timeout=10)
+                if job.state not in (T.TRAINER_JOB_STATE_COMPLETED, T.TRAINER_JOB_STATE_FAILED):
+                    job = await stub.StopJob(
+                        T.StopJobRequest(job_id=self.spec.job_id, mode=T.STOP_MODE_NOW, checkpoint=False), timeout=60
+                    )
+                self.job = job
+            await ch.close()
+        await self._final_state()
+
+    async def _final_state(self) -> None:
+        """What the services say at the end (summary.json "final"): the actors' versions and hashes next to the
+        ledger's and the trainer's, settlement counters, the envmanager's counters."""
+        svc = self.state.get("services", {})
+        final: dict[str, Any] = {}
+        with contextlib.suppress(aio.AioRpcError, KeyError):
+            ch = channel(svc["ledger"]["address"], token=self.token, default_timeout=10.0)
+            try:
+                stub = ledger_pb2_grpc.LedgerStub(ch)
+                st = await stub.GetStatus(ledger_pb2.LedgerStatusRequest(include_inactive_actors=True))
+                vers = await stub.ListVersions(ledger_pb2.ListVersionsRequest(from_version=0, limit=10_000))
+                final["ledger"] = {
+                    "latest_version": st.latest_version,
+                    "current_version": st.current_version,
+                    "versions": {str(v.version): v.hash.hex() for v in vers.versions},
+                    "admitted": st.settlement.admitted,
+                    "rejected": dict(st.settlement.rejected),
+                    "buffer_reserved": st.buffer.reserved_samples,
+                }
+                final["actors"] = {
+                    a.actor_id: {
+                        "liveness": ledger_pb2.ActorLiveness.Name(a.liveness).removeprefix("ACTOR_LIVENESS_"),
+                        "active_version": a.weights.active_version,
+                        "active_hash": a.weights.active_hash.hex(),
+                        "settled_tokens": a.settled_tokens,
+                    }
+                    for a in st.actors
+                }
+            finally:
+                await ch.close()
+        with contextlib.suppress(aio.AioRpcError, KeyError):
+            ch, stub = self._trainer()
+            try:
+                pub = await stub.ListPublishedVersions(T.ListPublishedVersionsRequest(), timeout=10)
+                ok = [p for p in pub.versions if p.state == T.PUBLISH_STATE_PUBLISHED]
+                final["trainer"] = {
+                    "published": {str(p.version.version): p.version.hash.hex() for p in ok},
+                    "failed_publications": len(pub.versions) - len(ok),
+                }
+            finally:
+                await ch.close()
+        with contextlib.suppress(aio.AioRpcError, KeyError):
+            ch = channel(svc["envmanager"]["address"], token=self.token, default_timeout=10.0)
+            try:
+                st = await envmanager_pb2_grpc.EnvManagerStub(ch).GetStatus(envmanager_pb2.EnvManagerStatusRequest())
+                c = st.counters
+                final["envmanager"] = {
+                    "trajectories": c.trajectories,
+                    "admitted": c.admitted,
+                    "rejected": c.rejected,
+                    "cancelled": c.cancelled,
+                    "infra_failures": c.infra_failures,
+                    "timeouts": c.timeouts,
+                    "turns": c.turns,
+                    "rewards_pending": st.rewards_pending,
+                    "failures_by_cause": dict(st.failures_by_cause),
+                }
+            finally:
+                await ch.close()
+        self.final = final
+
+    async def main(self) -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def interrupt(reason: str) -> None:
+            self.stop_reason = self.stop_reason or reason
+            stop.set()
+
+        for sig, why in ((signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated")):
+            loop.add_signal_handler(sig, interrupt, why)
+        await self.start()
+        watch = asyncio.ensure_future(self.watch(stop))
+        sup = asyncio.ensure_future(self.supervise(stop))
+        stopper = asyncio.ensure_future(stop.wait())
+        timeout = self.opts.timeout or None
+        done, _ = await asyncio.wait({watch, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            self.stop_reason = f"timeout after {self.opts.timeout:.0f}s"
+        stop.set()
+        for t in (watch, sup, stopper):
+            if not t.done():
+                t.cancel()
+        for t in (watch, sup, stopper):
+            with contextlib.suppress(BaseException):
+                await t
+        if watch.done() and not watch.cancelled() and watch.exception() is not None:
+            self.say(f"watching the job failed: {watch.exception()}")
+        if hasattr(self, "progress"):
+            self.progress.close()
+        await self.stop_job()
+        return 0
+
+    # -- the end ---------------------------------------------------------------------------------------
+
+    def finish(self) -> int:
+        out = self.opts.out_dir
+        records = sorted({r["step"]: r for r in read_records(out / "metrics.jsonl")}.values(), key=lambda r: r["step"])
+        rewards = [float(r.get("reward_mean", 0.0)) for r in records]
+        first, last, ratio = improvement(rewards)
+        state = T.TrainerJobState.Name(self.job.state).removeprefix("TRAINER_JOB_STATE_") if self.job else "UNKNOWN"
+        title = f"{self.spec.job_id}: {self.env_spec.environment} ({T.StepMode.Name(self.spec.mode or 3)[10:].lower()})"
+        plotted = bool(records) and plot_rewards(records, out / "reward.png", title)
+        summary = {
+            "job_id": self.spec.job_id,
+            "state": state,
+            "error": self.job.error if self.job else "",
+            "stop_reason": self.stop_reason,
+            "steps": len(records),
+            "reward_first10": first,
+            "reward_last10": last,
+            "improvement": ratio if math.isfinite(ratio) else None,
+            "actor_versions": records[-1].get("actor_versions", {}) if records else {},
+            "policy_version": self.job.policy_version if self.job else None,
+            "restarts": self.restarts,
+            "dead": sorted(self.dead),
+            "metrics": str(out / "metrics.jsonl"),
+            "reward_png": str(out / "reward.png") if plotted else None,
+            "model": self.spec.model,
+            "final": self.final,
+            # Process groups of the cluster (every service is a session leader): all gone after the run.
+            "process_groups": self._process_groups(),
+        }
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        print(
+            f"\n{state}{' (' + self.stop_reason + ')' if self.stop_reason else ''}: {len(records)} steps; "
+            f"mean reward first 10 steps {first:.3f}, last 10 steps {last:.3f} (x{ratio:.2f})\n"
+            f"metrics {out / 'metrics.jsonl'}" + (f", curve {out / 'reward.png'}" if plotted else ""),
+            file=self.log,
+            flush=True,
+        )
+        if state != "COMPLETED" and not self.stop_reason:
+            return 1
+        if self.opts.min_improvement and not ratio >= self.opts.min_improvement:
+            print(f"the reward did not improve {self.opts.min_improvement}x", file=self.log)
+            return 1
+        return 0
+
+    def _process_groups(self) -> dict[str, int]:
+        st = local.read_state(self.state_dir) if self.state_dir.exists() else {}
+        out = {name: info["pid"] for name, info in st.get("services", {}).items()}
+        for extra in ("redis", "mooncake"):
+            if st.get(extra):
+                out[extra] = st[extra]["pid"]
+        return out
+
+    def teardown(self) -> None:
+        if self.state_dir.exists() and local.read_state(self.state_dir):
+            ok = local.down(self.state_dir, log=lambda line: None)
+            print(
+                "cluster          stopped" if ok else "cluster          SOME PROCESSES ARE STILL RUNNING", file=self.log
+            )
+
+
+def run(opts: RunOptions, log: TextIO = sys.stderr) -> int:
+    data = load_job_file(opts.job_file)
+    run_section = _section(data, "run")
+    cluster = _section(data, "cluster")
+    opts.actors = int(cluster.get("actors", opts.actors))
+    opts.loops = int(data.get("loops", opts.loops))
+    if not opts.timeout and run_section.get("timeout"):
+        opts.timeout = float(str(run_section["timeout"]).rstrip("s"))
+    if run_section.get("restart") is not None:
+        opts.restart = [str(x) for x in run_section["restart"]]
+    if not opts.min_improvement and run_section.get("min_improvement"):
+        opts.min_improvement = float(run_section["min_improvement"])
+    for name, extra in (cluster.get("env") or {}).items():
+        opts.service_env.setdefault(name, {}).update(extra or {})
+    runner = Runner(opts, data, log)
+    code = 1
+    try:
+        runner.setup()
+        code = asyncio.run(runner.main())
+        code = runner.finish() or code
+    except (ProcessError, SpecError) as exc:
+        print(f"rollart run: {exc}", file=log)
+        code = 1
+    except KeyboardInterrupt:
+        print("rollart run: interrupted", file=log)
+        code = 130
+    finally:
+        runner.teardown()
+    return code
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    data_out = args.out
+    if data_out is None:
+        data = load_job_file(args.job_file)
+        default = _section(data, "run").get("out_dir") or f"runs/{Path(args.job_file).stem}"
+        data_out = Path(default)
+    opts = RunOptions(
+        job_file=Path(args.job_file),
+        out_dir=Path(data_out).resolve(),
+        timeout=args.timeout or 0.0,
+        fresh=not args.resume,
+        min_improvement=args.min_improvement or 0.0,
+        quiet=args.quiet,
+    )
+    if args.actors:
+        opts.actors = args.actors
+    try:
+        return run(opts)
+    except SpecError as exc:
+        print(f"rollart run: {exc}", file=sys.stderr)
+        return 2
+
+
+def add_subparsers(sub: Any) -> None:
+    p = sub.add_parser("run", help="train a job on a local cluster (progress, metrics, reward curve)")
+    p.add_argument("job_file", help="job file, e.g. examples/frozenlake.yaml")
+    p.add_argument("--out", type=Path, help="output folder (default: run.out_dir, else runs/<file name>)")
+    p.add_argument("--timeout", type=float, help="stop after this many seconds (default: run.timeout)")
+    p.add_argument("--actors", type=int, help="actors to start (default: cluster.actors, else 2)")
+    p.add_argument("--resume", action="store_true", help="keep the previous run's cluster state and continue")
+    p.add_argument(
+        "--min-improvement", type=float, help="exit 1 unless reward(last 10 steps) >= this x reward(first 10)"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run)

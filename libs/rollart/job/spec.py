@@ -1,0 +1,178 @@
+"""Job files: YAML (or dicts) to the protobuf messages of a job, and the digest of initial weights.
+
+A job file (``examples/*.yaml``) has these top-level sections:
+
+- ``job``: a ``rollart.v1.TrainerJobSpec`` in proto field names. Enum values may be written short and in any
+  case (``mode: async`` for ``STEP_MODE_ASYNC``, ``admission: bounded``, ``weight_sync: delta``, ``kind: game``),
+  durations as ``"300s"`` or a number of seconds, map values as any scalar.
+- ``environment``: the ``rollart.v1.EnvironmentSpec`` the envmanager loops run; ``loops``: how many.
+- ``model``: how ``rollart run`` prepares the model when ``job.model`` is ``tiny`` (see rollart.job.run).
+- ``cluster`` and ``run``: processes and output of ``rollart run``.
+
+Only ``job`` matters to the trainer; everything here is torch-free (the CLI and tests import it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from rollart.v1 import envmanager_pb2, trainer_pb2
+
+
+class SpecError(ValueError):
+    """A job file or spec that cannot be used (the message names the key)."""
+
+
+def _enum_prefix(enum: EnumDescriptor) -> str:
+    # StepMode -> STEP_MODE_, WeightSyncMode -> WEIGHT_SYNC_MODE_ (the proto style guide's value prefix).
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", enum.name).upper() + "_"
+
+
+def _enum_value(field: FieldDescriptor, raw: Any, where: str) -> Any:
+    if isinstance(raw, bool) or not isinstance(raw, str | int):
+        raise SpecError(f"{where}: expected a name of {field.enum_type.name}, got {raw!r}")
+    if isinstance(raw, int):
+        return raw
+    prefix = _enum_prefix(field.enum_type)
+    name = raw.strip().upper().replace("-", "_")
+    for candidate in (name, prefix + name):
+        if candidate in field.enum_type.values_by_name:
+            return candidate
+    known = [v.name.removeprefix(prefix).lower() for v in field.enum_type.values if v.number]
+    raise SpecError(f"{where}: unknown {field.enum_type.name} {raw!r} (one of {', '.join(known)})")
+
+
+def _duration(raw: Any, where: str) -> str:
+    if isinstance(raw, bool):
+        raise SpecError(f"{where}: expected a duration, got {raw!r}")
+    if isinstance(raw, int | float):
+        return f"{float(raw):.9f}".rstrip("0").rstrip(".") + "s"
+    text = str(raw).strip()
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?", text)
+    if not m:
+        raise SpecError(f"{where}: expected a duration like 30s, 5m or 0.5, got {raw!r}")
+    scale = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}[m.group(2)]
+    return _duration(float(m.group(1)) * scale, where)
+
+
+def _normalise(desc: Descriptor, data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{where or 'spec'}: expected a mapping, got {type(data).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        field = desc.fields_by_name.get(key) or desc.fields_by_camelcase_name.get(key)
+        path = f"{where}.{key}" if where else str(key)
+        if field is None:
+            known = ", ".join(sorted(desc.fields_by_name))
+            raise SpecError(f"{path}: unknown key (known: {known})")
+        if value is None:
+            continue
+        out[field.name] = _field(field, value, path)
+    return out
+
+
+def _field(field: FieldDescriptor, value: Any, path: str) -> Any:
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        if not isinstance(value, Mapping):
+            raise SpecError(f"{path}: expected a mapping")
+        val_field = field.message_type.fields_by_name["value"]
+        return {str(k): _scalar_or_message(val_field, v, f"{path}.{k}", map_value=True) for k, v in value.items()}
+    if field.is_repeated:
+        items = value if isinstance(value, list) else [value]
+        return [_scalar_or_message(field, v, f"{path}[{i}]") for i, v in enumerate(items)]
+    return _scalar_or_message(field, value, path)
+
+
+def _scalar_or_message(field: FieldDescriptor, value: Any, path: str, map_value: bool = False) -> Any:
+    if field.message_type is not None:
+        full = field.message_type.full_name
+        if full == "google.protobuf.Duration":
+            return _duration(value, path)
+        if full == "google.protobuf.Timestamp":
+            return str(value)
+        return _normalise(field.message_type, value, path)
+    if field.enum_type is not None:
+        return _enum_value(field, value, path)
+    if field.type == FieldDescriptor.TYPE_STRING:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if map_value or isinstance(value, int | float):
+            return str(value)
+    return value
+
+
+def to_message(cls: type[Message], data: Mapping[str, Any] | None, where: str = "") -> Message:
+    """Build ``cls`` from a dict in the friendly form described in the module docstring."""
+    msg = cls()
+    if not data:
+        return msg
+    try:
+        json_format.ParseDict(_normalise(cls.DESCRIPTOR, data, where), msg)
+    except json_format.ParseError as exc:
+        raise SpecError(f"{where or cls.DESCRIPTOR.name}: {exc}") from None
+    return msg
+
+
+def job_spec(data: Mapping[str, Any]) -> trainer_pb2.TrainerJobSpec:
+    return to_message(trainer_pb2.TrainerJobSpec, data, "job")  # type: ignore[return-value]
+
+
+def environment_spec(data: Mapping[str, Any]) -> envmanager_pb2.EnvironmentSpec:
+    return to_message(envmanager_pb2.EnvironmentSpec, data, "environment")  # type: ignore[return-value]
+
+
+def load_job_file(path: str | Path) -> dict[str, Any]:
+    """The raw mapping of a job file (validated section by section by the caller)."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"job file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{p}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: the top level must be a mapping")
+    unknown = set(data) - {"job", "environment", "loops", "model", "cluster", "run"}
+    if unknown:
+        raise SpecError(f"{p}: unknown section(s) {sorted(unknown)}")
+    if "job" not in data:
+        raise SpecError(f"{p}: the job section is required")
+    return data
+
+
+def weights_digest(arrays: Mapping[str, np.ndarray], dtypes: Mapping[str, str]) -> bytes:
+    """h(v) of a full set of weights that no delta produced (the initial version 0): SHA-256 over every
+    tensor in name order (name, dtype, shape, raw bytes). The trainer's bf16 export of a checkpoint and the
+    checkpoint file itself give the same digest, so actors that load the file can report it."""
+    h = hashlib.sha256(b"rollart-weights/1\0")
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}\0{dtypes[name]}\0{','.join(map(str, a.shape))}\0".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.digest()
+
+
+def model_dir_digest(path: str | Path) -> bytes:
+    """:func:`weights_digest` of a Hugging Face checkpoint directory's ``*.safetensors`` files."""
+    from rollart.delta import load_safetensors
+
+    arrays: dict[str, np.ndarray] = {}
+    dtypes: dict[str, str] = {}
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise SpecError(f"{path}: no *.safetensors files")
+    for f in files:
+        ws = load_safetensors(f)
+        arrays.update(ws.arrays)
+        dtypes.update(ws.dtypes)
+    return weights_digest(arrays, dtypes)
