@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROTOS := $(wildcard protos/rollart/v1/*.proto)
 
-.PHONY: setup protos test test-fast lint bench up down clean
+.PHONY: setup protos test test-fast lint bench run up down clean
 
 ## setup: system packages (apt), .venv with libs + every service + dev tools, Node.js interop client deps.
 setup:
@@ -28,6 +28,12 @@ lint:
 
 bench:
 	$(PY) -m bench
+
+## run: the main job: train the default example on a local cluster (progress bar; metrics, reward curve and
+## summary in runs/<name>/). JOB=examples/<file>.yaml picks another job file.
+JOB ?= examples/frozenlake.yaml
+run:
+	$(VENV)/bin/rollart run $(JOB)
 
 up:
 	$(VENV)/bin/rollart up

@@ -6,6 +6,7 @@ rollart down                        stop it, leaving no process behind
 rollart health --address HOST:PORT  exit 0 iff the gRPC health service answers SERVING (container probes)
 rollart resources pools|workers|bindings [--json]
 rollart ledger status [--json]      versions, actors, leases and sample buffer of the job ledger
+rollart run JOB.yaml                train a job on a local cluster (progress bar, metrics, reward curve)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from rollart.runtime.auth import bearer
 PLUGINS = [
     ("rollart.delta.cli", "add_subparsers"),
     ("rollart.cli.ledger", "add_subparsers"),
+    ("rollart.job.run", "add_subparsers"),
 ]
 # Commands whose code lives in a service package that may pull torch: imported only when used.
 LAZY_COMMANDS = {
