@@ -342,7 +342,7 @@ def test_compose_config_is_valid() -> None:
             capture_output=True,
             text=True,
             timeout=60,
-            env={**env, "ROLLART_JOB_TOKEN": "test-token"},
+            env={**env, "ROLLART_JOB_TOKEN": "test-token", "ROLLART_JOB_KEY": "test-key"},
             cwd=ROOT,
         )
         assert ok.returncode == 0, f"{' '.join(cmd)} config failed:\n{ok.stderr}"
