@@ -150,6 +150,10 @@ class Settings:
             )
         if not spec.model:
             raise bad("spec.model is required (a checkpoint directory or a Hugging Face name)")
+        if not (spec.endpoints.ledger or cfg.ledger):
+            raise bad("no ledger endpoint: set spec.endpoints.ledger or the trainer's ledger config key")
+        if spec.model.startswith(("/", "./", "../")) and not (Path(spec.model) / "config.json").is_file():
+            raise bad(f"spec.model {spec.model} is not a checkpoint directory (no config.json)")
         if spec.batch_size < 1 or spec.group_size < 1:
             raise bad("batch_size and group_size must be >= 1")
         if spec.batch_size % spec.group_size:

@@ -20,7 +20,8 @@ def cfg(**env: str) -> TrainerConfig:
 
 
 def spec(**kw) -> trainer_pb2.TrainerJobSpec:
-    d = {"job_id": "j", "model": "/m", "batch_size": 16, "group_size": 8}
+    # A hub-style name: not checked for a local directory.
+    d = {"job_id": "j", "model": "org/model", "batch_size": 16, "group_size": 8, "endpoints": {"ledger": "h:1"}}
     d.update(kw)
     return job_spec(d)
 
@@ -45,6 +46,8 @@ def test_mode_constraints():
         ({"batch_size": 12}, "INVALID_ARGUMENT"),
         ({"group_size": 0}, "INVALID_ARGUMENT"),
         ({"publish": {"weight_sync": "full_checkpoint"}}, "INVALID_ARGUMENT"),
+        ({"endpoints": {}}, "INVALID_ARGUMENT"),
+        ({"model": "/nonexistent/model"}, "INVALID_ARGUMENT"),
     ],
 )
 def test_bad_specs(kw, code):
