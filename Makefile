@@ -26,8 +26,9 @@ test-fast:
 lint:
 	$(VENV)/bin/ruff check .
 
+## bench: list the benchmarks; `make bench B=protocol` (or `python -m bench protocol`) runs one.
 bench:
-	$(PY) -m bench
+	$(PY) -m bench $(B)
 
 ## run: the main job: train the default example on a local cluster (progress bar; metrics, reward curve and
 ## summary in runs/<name>/). JOB=examples/<file>.yaml picks another job file.
