@@ -42,6 +42,12 @@ class DistributionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DISTRIBUTION_KIND_UNIFORM: _ClassVar[DistributionKind]
     DISTRIBUTION_KIND_EXPONENTIAL: _ClassVar[DistributionKind]
 
+class InteractionMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INTERACTION_MODE_UNSPECIFIED: _ClassVar[InteractionMode]
+    INTERACTION_MODE_TRAJECTORY: _ClassVar[InteractionMode]
+    INTERACTION_MODE_BATCH: _ClassVar[InteractionMode]
+
 class LoopGroupState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     LOOP_GROUP_STATE_UNSPECIFIED: _ClassVar[LoopGroupState]
@@ -90,6 +96,9 @@ DISTRIBUTION_KIND_NORMAL: DistributionKind
 DISTRIBUTION_KIND_LOGNORMAL: DistributionKind
 DISTRIBUTION_KIND_UNIFORM: DistributionKind
 DISTRIBUTION_KIND_EXPONENTIAL: DistributionKind
+INTERACTION_MODE_UNSPECIFIED: InteractionMode
+INTERACTION_MODE_TRAJECTORY: InteractionMode
+INTERACTION_MODE_BATCH: InteractionMode
 LOOP_GROUP_STATE_UNSPECIFIED: LoopGroupState
 LOOP_GROUP_STATE_RUNNING: LoopGroupState
 LOOP_GROUP_STATE_STOPPING: LoopGroupState
@@ -158,7 +167,7 @@ class LatencyDistribution(_message.Message):
     def __init__(self, kind: _Optional[_Union[DistributionKind, str]] = ..., mean: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stddev: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class EnvironmentSpec(_message.Message):
-    __slots__ = ("environment", "task", "options", "max_turns", "system_prompt", "sampling", "sandbox", "latency", "reward", "max_context_tokens", "generation_timeout")
+    __slots__ = ("environment", "task", "options", "max_turns", "system_prompt", "sampling", "sandbox", "latency", "reward", "max_context_tokens", "generation_timeout", "interaction")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +186,7 @@ class EnvironmentSpec(_message.Message):
     REWARD_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATION_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    INTERACTION_FIELD_NUMBER: _ClassVar[int]
     environment: str
     task: str
     options: _containers.ScalarMap[str, str]
@@ -188,7 +198,8 @@ class EnvironmentSpec(_message.Message):
     reward: _common_pb2.RewardSpec
     max_context_tokens: int
     generation_timeout: _duration_pb2.Duration
-    def __init__(self, environment: _Optional[str] = ..., task: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., max_turns: _Optional[int] = ..., system_prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., sandbox: _Optional[_Union[SandboxSpec, _Mapping]] = ..., latency: _Optional[_Union[LatencyDistribution, _Mapping]] = ..., reward: _Optional[_Union[_common_pb2.RewardSpec, _Mapping]] = ..., max_context_tokens: _Optional[int] = ..., generation_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    interaction: InteractionMode
+    def __init__(self, environment: _Optional[str] = ..., task: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., max_turns: _Optional[int] = ..., system_prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., sandbox: _Optional[_Union[SandboxSpec, _Mapping]] = ..., latency: _Optional[_Union[LatencyDistribution, _Mapping]] = ..., reward: _Optional[_Union[_common_pb2.RewardSpec, _Mapping]] = ..., max_context_tokens: _Optional[int] = ..., generation_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., interaction: _Optional[_Union[InteractionMode, str]] = ...) -> None: ...
 
 class EnvironmentInfo(_message.Message):
     __slots__ = ("id", "source", "description", "multi_turn", "default_max_turns", "default_backend", "supported_backends", "default_reward", "options", "available", "unavailable_reason")

@@ -4,6 +4,10 @@ A loop: take a lease from the ledger -> run the episode (episode.py) -> close ->
 reward service without waiting -> settle with the ledger (Submit; the reward follows through RecordReward
 when scoring finishes) -> next lease. A slow environment delays only its own loop.
 
+Batch-level interaction (``EnvironmentSpec.interaction = BATCH``, the synchronous baseline): the loops of a
+group run in waves (waves.py): every turn waits for the steps of the whole wave, reward is requested once every
+episode of the wave ended, trajectories are settled once all are scored, and the next wave starts after that.
+
 Cancellations: the manager watches the ledger's command stream as a HOLDER (one stream for all its loops,
 whose holders are ``<manager id>/...``); a cancelled lease aborts its trajectory at once (the proxy is told to
 abort the trajectory's generation, the episode task is cancelled, the lease is released as CANCELLED, the
@@ -25,6 +29,7 @@ import os
 import socket
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -56,6 +61,7 @@ from .episode import (
 from .latency import LatencySampler
 from .peers import Peers, PeerUnavailable
 from .sandbox import SandboxLimits, live_sandboxes
+from .waves import ENDED, SCORED, Waves
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +124,9 @@ class Group:
         self.started_at = now_ts()
         self.stop_requested = False
         self.key = request.SerializeToString(deterministic=True)
+        # Lockstep waves for batch-level interaction; None keeps the trajectory-level path untouched.
+        batch = request.env.interaction == envmanager_pb2.INTERACTION_MODE_BATCH
+        self.waves: Waves | None = Waves() if batch else None
 
     def state(self) -> int:
         states = [lo.state for lo in self.loops]
@@ -160,6 +169,8 @@ class Loop:
         spec = group.config.latency
         # Stream per loop index: groups with the same seed draw the same latencies (same-batch comparisons).
         self.latency: LatencySampler | None = spec.sampler(str(index)) if spec.enabled else None
+        if group.waves is not None:
+            group.waves.register(self)  # a member of the group's first wave
         metrics.LOOPS.labels(LS.Name(self.state)).inc()
 
     # -- state -------------------------------------------------------------------------------------------------
@@ -214,6 +225,8 @@ class Loop:
             return False
         self.stop_mode = "abort" if mode == "abort" or self.stop_mode == "abort" else "graceful"
         self.wake.set()
+        if self.group.waves is not None:
+            self.group.waves.notify()  # a loop waiting for the next wave gives up
         if self.stop_mode == "abort":
             return self.abort_episode("shutdown", "loop stopped")
         return False
@@ -230,16 +243,23 @@ class Loop:
         backoff = cfg.backoff_seconds
         limit = self.group.request.max_trajectories_per_loop
         setup_failures = 0
+        waves = self.group.waves
         try:
             while not self.stop_mode and (limit == 0 or self.done < limit):
                 if self.m.draining:
+                    if waves is not None:
+                        waves.leave(self)
                     self.set_state("BACKOFF")
                     await self._sleep(0.25)
                     continue
                 self.set_state("ACQUIRING")
+                if waves is not None and await waves.start(self, lambda: bool(self.stop_mode)) is None:
+                    break
                 try:
                     lease = await self.m.acquire(self)
                 except LedgerError as exc:
+                    if waves is not None:
+                        waves.leave(self)
                     self.last_error = str(exc)
                     self.set_state("BACKOFF")
                     await self._sleep(backoff)
@@ -247,11 +267,17 @@ class Loop:
                     continue
                 backoff = cfg.backoff_seconds
                 if lease is None:
+                    if waves is not None:
+                        waves.leave(self)  # the wave goes on with the loops that have leases
                     continue
                 if self.stop_mode:
                     await self.m.release(lease, self.holder, lp.RELEASE_REASON_SHUTDOWN, "loop stopping")
                     break
-                outcome = await self.run_lease(lease)
+                try:
+                    outcome = await self.run_lease(lease)
+                finally:
+                    if waves is not None:
+                        waves.leave(self)  # settled, failed or cancelled: the next wave may start
                 self.done += 1
                 if outcome in SETUP_CAUSES:
                     setup_failures += 1
@@ -271,6 +297,8 @@ class Loop:
             self.last_error = f"internal error: {exc}"
             self.set_state("FAILED")
         finally:
+            if waves is not None:
+                waves.unregister(self)
             if self.reusable is not None:
                 self.m.dispose(self.reusable, kill=False)
                 self.reusable = None
@@ -291,7 +319,11 @@ class Loop:
         self.episode = ep
         m.by_lease[lease.lease_id] = self
         m.by_trajectory[ep.trajectory_id] = self
-        self.inner = asyncio.create_task(self._episode(ep, spec), name=f"episode-{ep.trajectory_id}")
+        waves = self.group.waves
+        # Batch-level: the episode task also waits for the wave and scores, so a cancellation lands anywhere
+        # in it and the lease stays renewed while the loop waits for the others.
+        work = self._episode(ep, spec) if waves is None else self._batch_episode(ep, spec, waves)
+        self.inner = asyncio.create_task(work, name=f"episode-{ep.trajectory_id}")
         renew = asyncio.create_task(self._renew(ep), name=f"renew-{lease.lease_id}")
         try:
             try:
@@ -304,12 +336,17 @@ class Loop:
                 renew.cancel()
                 m.by_lease.pop(lease.lease_id, None)
                 m.by_trajectory.pop(ep.trajectory_id, None)
-            inner = self.inner
+                inner = self.inner
+                if waves is not None and not (inner.done() and not inner.cancelled() and inner.exception() is None):
+                    waves.leave(self)  # failed or aborted: the wave must not wait for its release
             if inner.cancelled() or (ep.abort_kind and inner.exception() is not None):
                 await self._aborted(ep)  # ours (the stream may have ended ABORTED before the cancel landed)
                 return "cancelled"
             exc = inner.exception()
             if exc is None:
+                if waves is not None:
+                    traj, scoring = inner.result()
+                    return await self._settle(ep, spec, traj, scoring)
                 return await self._settle(ep, spec, inner.result())
             if isinstance(exc, ExternalAbort):
                 ep.abort_kind, ep.abort_reason = "external", str(exc)
@@ -325,7 +362,8 @@ class Loop:
             metrics.EPISODE_SECONDS.observe(time.monotonic() - started)
             self.episode, self.inner = None, None
 
-    async def _episode(self, ep: Episode, spec: EpisodeSpec) -> common_pb2.Trajectory:
+    async def _episode(self, ep: Episode, spec: EpisodeSpec,
+                       before_turn: Callable[[int], Awaitable[None]] | None = None) -> common_pb2.Trajectory:
         m = self.m
         handle = self.reusable
         self.reusable = None
@@ -333,7 +371,7 @@ class Loop:
             m.dispose(handle, kill=False)
             handle = None
         try:
-            traj, handle = await m.ctx.run(ep, spec, handle, self.latency, self.set_state)
+            traj, handle = await m.ctx.run(ep, spec, handle, self.latency, self.set_state, before_turn)
         except BaseException:
             if ep.handle is not None:  # abandoned or failed: kill and close it without blocking this loop
                 m.dispose(ep.handle, kill=True)
@@ -347,6 +385,23 @@ class Loop:
             except Exception as exc:  # noqa: BLE001 - the episode is complete; a failing close is only logged
                 log.warning("closing the environment failed: %s", exc, extra=log_fields(trajectory_id=ep.trajectory_id))
         return traj
+
+    async def _batch_episode(self, ep: Episode, spec: EpisodeSpec, waves: Waves
+                             ) -> tuple[common_pb2.Trajectory, asyncio.Task]:
+        """The episode in lockstep with its wave, then scored once every episode of the wave ended; returns
+        the trajectory and its (finished) scoring once the whole wave is scored."""
+
+        async def barrier(turn: int) -> None:
+            await waves.arrive(self, turn)  # turn t waits until the wave's steps of turn t-1 are done
+
+        traj = await self._episode(ep, spec, barrier)
+        self.set_state("SETTLING")
+        await waves.arrive(self, ENDED)
+        self._stamp(ep, traj)
+        scoring = self.m.start_scoring(traj, spec.reward)
+        await scoring  # a cancellation of this task cancels the scoring too
+        await waves.arrive(self, SCORED)
+        return traj, scoring
 
     async def _renew(self, ep: Episode) -> None:
         lease = ep.lease
@@ -380,8 +435,8 @@ class Loop:
             return
 
     # -- settlement ------------------------------------------------------------------------------------------
-    async def _settle(self, ep: Episode, spec: EpisodeSpec, traj: common_pb2.Trajectory) -> str:
-        m = self.m
+    @staticmethod
+    def _stamp(ep: Episode, traj: common_pb2.Trajectory) -> None:
         lease = ep.lease
         assert lease is not None
         traj.lease_id = lease.lease_id
@@ -389,11 +444,20 @@ class Loop:
         traj.group_id = lease.group_id
         traj.sample_index = lease.sample_index
         traj.lease_version = lease.version
+
+    async def _settle(self, ep: Episode, spec: EpisodeSpec, traj: common_pb2.Trajectory,
+                      scoring: asyncio.Task | None = None) -> str:
+        """Submits the trajectory; ``scoring``: already scored (batch-level), else scoring starts now."""
+        m = self.m
+        lease = ep.lease
+        assert lease is not None
+        self._stamp(ep, traj)
         self.counters.trajectories += 1
         self.counters.turns += ep.turns
         self.counters.tokens_generated += ep.tokens_generated
         self.set_state("SETTLING")
-        scoring = m.start_scoring(traj, spec.reward)  # scoring runs while the ledger settles
+        if scoring is None:
+            scoring = m.start_scoring(traj, spec.reward)  # scoring runs while the ledger settles
         work = [lp.ActorWork(actor_id=a, tokens=int(w[0]), generation_time=dur(w[1])) for a, w in ep.work.items()
                 if a and a != "unknown"]
         try:

@@ -127,6 +127,8 @@ class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
             raise invalid("env.sandbox limits must be >= 0 (0: the default)")
         if sb.backend not in envmanager_pb2.SandboxBackend.values():
             raise invalid(f"env.sandbox.backend {sb.backend} is not a SandboxBackend")
+        if env.interaction not in envmanager_pb2.InteractionMode.values():
+            raise invalid(f"env.interaction {env.interaction} is not an InteractionMode")
         if env.reward.kind not in common_pb2.ScorerKind.values():
             raise invalid(f"env.reward.kind {env.reward.kind} is not a ScorerKind")
         for name in ("mean", "stddev", "min", "max"):

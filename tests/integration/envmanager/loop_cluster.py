@@ -60,16 +60,17 @@ class EnvManager:
 
 
 SPEC_KEYS = ("task", "max_turns", "latency", "sandbox", "options", "max_tokens", "reward", "max_context_tokens",
-             "generation_timeout", "system_prompt")
+             "generation_timeout", "system_prompt", "interaction")
 
 
 def env_spec(environment: str, *, task: str = "", max_turns: int = 0, latency: em.LatencyDistribution | None = None,
              sandbox: em.SandboxSpec | None = None, options: dict | None = None, max_tokens: int = 4096,
              reward: c.RewardSpec | None = None, max_context_tokens: int = 0, generation_timeout: float = 0,
-             system_prompt: str = "") -> em.EnvironmentSpec:
+             system_prompt: str = "", interaction: int = 0) -> em.EnvironmentSpec:
     spec = em.EnvironmentSpec(environment=environment, task=task, max_turns=max_turns, options=options or {},
                               sampling=c.SamplingParams(temperature=1.0, max_tokens=max_tokens),
-                              max_context_tokens=max_context_tokens, system_prompt=system_prompt)
+                              max_context_tokens=max_context_tokens, system_prompt=system_prompt,
+                              interaction=interaction)
     if latency is not None:
         spec.latency.CopyFrom(latency)
     if sandbox is not None:

@@ -93,6 +93,7 @@ def test_malformed_bytes_are_invalid_argument(manager):
                                               sandbox=em.SandboxSpec(backend=em.SANDBOX_BACKEND_IN_PROCESS))),
      "INVALID_ARGUMENT"),
     (dict(group_id="g", count=1, env=env_spec("custom:echo", sandbox=em.SandboxSpec(backend=42))), "INVALID_ARGUMENT"),
+    (dict(group_id="g", count=1, env=env_spec("custom:echo", interaction=7)), "INVALID_ARGUMENT"),
     (dict(group_id="g", count=1, env=env_spec("custom:echo", sandbox=em.SandboxSpec(memory_mib=-1))),
      "INVALID_ARGUMENT"),
     (dict(group_id="g", count=1, env=env_spec("custom:echo", latency=em.LatencyDistribution(

@@ -82,6 +82,17 @@ def test_environment_spec_latency_and_sandbox():
     assert e.sandbox.backend == envmanager_pb2.SANDBOX_BACKEND_IN_PROCESS
 
 
+@pytest.mark.parametrize(("raw", "mode"), [("batch", envmanager_pb2.INTERACTION_MODE_BATCH),
+                                           ("trajectory", envmanager_pb2.INTERACTION_MODE_TRAJECTORY),
+                                           ("INTERACTION_MODE_BATCH", envmanager_pb2.INTERACTION_MODE_BATCH)])
+def test_environment_spec_interaction(raw, mode):
+    e = environment_spec({"environment": "gymnasium:FrozenLake-v1", "interaction": raw})
+    assert e.interaction == mode
+    assert environment_spec({"environment": "x"}).interaction == envmanager_pb2.INTERACTION_MODE_UNSPECIFIED
+    with pytest.raises(SpecError, match="environment.interaction: unknown InteractionMode 'lockstep'"):
+        environment_spec({"environment": "x", "interaction": "lockstep"})
+
+
 @pytest.mark.parametrize("name", ["frozenlake.yaml", "qwen3-gpu.yaml"])
 def test_examples_parse(name):
     data = load_job_file(REPO / "examples" / name)
