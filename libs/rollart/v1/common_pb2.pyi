@@ -402,7 +402,14 @@ class GenerationUsage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., queue_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., time_to_first_token: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., generation_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class GenerationChunk(_message.Message):
-    __slots__ = ("request_id", "trajectory_id", "actor_id", "offset", "token_ids", "logprobs", "versions", "text", "version_changes", "prompt_token_ids", "finish_reason", "stop_reason", "usage", "kv_transfer_params_json")
+    __slots__ = ("request_id", "trajectory_id", "actor_id", "offset", "token_ids", "logprobs", "versions", "text", "version_changes", "prompt_token_ids", "finish_reason", "stop_reason", "usage", "kv_transfer_params_json", "version_hashes")
+    class VersionHashesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: bytes
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
@@ -417,6 +424,7 @@ class GenerationChunk(_message.Message):
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    VERSION_HASHES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     trajectory_id: str
     actor_id: str
@@ -431,7 +439,8 @@ class GenerationChunk(_message.Message):
     stop_reason: str
     usage: GenerationUsage
     kv_transfer_params_json: str
-    def __init__(self, request_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., actor_id: _Optional[str] = ..., offset: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., versions: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., version_changes: _Optional[_Iterable[_Union[VersionChange, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_reason: _Optional[str] = ..., usage: _Optional[_Union[GenerationUsage, _Mapping]] = ..., kv_transfer_params_json: _Optional[str] = ...) -> None: ...
+    version_hashes: _containers.ScalarMap[int, bytes]
+    def __init__(self, request_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., actor_id: _Optional[str] = ..., offset: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., versions: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., version_changes: _Optional[_Iterable[_Union[VersionChange, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_reason: _Optional[str] = ..., usage: _Optional[_Union[GenerationUsage, _Mapping]] = ..., kv_transfer_params_json: _Optional[str] = ..., version_hashes: _Optional[_Mapping[int, bytes]] = ...) -> None: ...
 
 class RewardSpec(_message.Message):
     __slots__ = ("kind", "scorer", "options")

@@ -20,7 +20,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -103,11 +103,17 @@ def load_weight_files(path: str | Path) -> tuple[WeightSet, list[Path]]:
 class HostWeights:
     """The served weights as numpy arrays (HF names), with the active version and h(v)."""
 
+    # How many recently active versions keep their h(v): enough for any request in flight to have
+    # started on one of them (requests cross a handful of versions at most).
+    HISTORY = 64
+
     def __init__(self, ws: WeightSet, version: int, hash_: bytes | None) -> None:
-        ws.version = version
-        ws.applied_hash = hash_
         self.ws = ws
         self.pm = ParamMap.from_weights(ws)
+        # version -> h(v) of the weights this actor had active under that version (the chunk's
+        # version_hashes come from here, not from the ledger, so settlement can catch wrong weights).
+        self.history: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self.set_version(version, hash_)
 
     @classmethod
     def load(cls, path: str | Path, version: int, hash_: bytes | None = None) -> HostWeights:
@@ -126,6 +132,17 @@ class HostWeights:
     def set_version(self, version: int, hash_: bytes | None) -> None:
         self.ws.version = version
         self.ws.applied_hash = hash_
+        # The latest activation of a version decides its hash; an unknown hash forgets an older one
+        # rather than vouching for weights that are no longer what ran.
+        self.history.pop(version, None)
+        if hash_:
+            self.history[version] = hash_
+            while len(self.history) > self.HISTORY:
+                self.history.popitem(last=False)
+
+    def hashes_for(self, versions: Iterable[int]) -> dict[int, bytes]:
+        """h(v) of each of ``versions`` this actor had active with a known hash (unknown ones omitted)."""
+        return {v: self.history[v] for v in set(versions) if v in self.history}
 
     def check_delta(self, delta: Delta) -> None:
         """Every tensor of the delta exists here with its dtype and shape (IncompatibleTargetError if not)."""

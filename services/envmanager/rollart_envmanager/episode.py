@@ -19,7 +19,7 @@ import concurrent.futures
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +109,8 @@ class Generated:
     finish_reason: int
     actor_id: str
     seconds: float
+    # h(v) per version as the actor reported it (last chunk): what it really generated with.
+    version_hashes: dict[int, bytes] = field(default_factory=dict)
 
 
 @dataclass
@@ -124,6 +126,8 @@ class Episode:
     turns: int = 0
     tokens_generated: int = 0
     versions: set[int] = field(default_factory=set)
+    # version -> the h(v) the actors reported for it, across turns (more than one: actors disagree).
+    reported_hashes: dict[int, set[bytes]] = field(default_factory=dict)
     actor_id: str = ""
     sandbox_id: str = ""
     # Why it is being aborted (set before its task is cancelled): "cancelled", "aborted", "shutdown", "expired".
@@ -248,6 +252,19 @@ class EpisodeContext:
         self.hashes[version] = pv.hash
         return pv.hash
 
+    async def settled_hash(self, version: int, ep: Episode) -> bytes:
+        """The h(v) the trajectory reports for ``version``: the actor's own when it reported one (settlement
+        then catches an actor that ran other weights under v), else what the lease or the ledger says."""
+        reported = ep.reported_hashes.get(version)
+        if not reported:
+            return await self.version_hash(version, ep.lease)
+        if len(reported) == 1:
+            return next(iter(reported))
+        # Actors disagree on v's weights: at most one matches the ledger, so report one that does not and let
+        # settlement refuse the trajectory rather than vouch for tokens from the wrong weights.
+        expected = await self.version_hash(version, ep.lease)
+        return next((h for h in sorted(reported) if h != expected), expected)
+
     # -- generation --------------------------------------------------------------------------------------------
     async def generate(self, ep: Episode, spec: EpisodeSpec, context: list[int], turn: int,
                        max_tokens: int) -> Generated:
@@ -315,6 +332,7 @@ class EpisodeContext:
         logprobs: list[float] = []
         versions: list[int] = []
         text: list[str] = []
+        hashes: dict[int, bytes] = {}
         finish, actor, route_version = 0, "", None
         try:
             async for resp in call:
@@ -336,6 +354,7 @@ class EpisodeContext:
                         versions.extend([route_version] * n)
                     ep.tokens_generated += n
                 text.append(c.text)
+                hashes.update(c.version_hashes)
                 if c.finish_reason:
                     finish = c.finish_reason
         except asyncio.CancelledError:
@@ -355,7 +374,7 @@ class EpisodeContext:
             raise InfraFailure("generation-malformed", f"turn {turn}: {len(ids)} tokens but {len(versions)} versions")
         if len(logprobs) != len(ids):
             logprobs = []
-        return Generated(ids, logprobs, versions, "".join(text), finish, actor, time.monotonic() - t0)
+        return Generated(ids, logprobs, versions, "".join(text), finish, actor, time.monotonic() - t0, hashes)
 
     async def abort_generation(self, trajectory_id: str, reason: str) -> None:
         """Ends any request of the trajectory on the proxy (idempotent; best effort)."""
@@ -380,8 +399,11 @@ class EpisodeContext:
         return handle
 
     async def run(self, ep: Episode, spec: EpisodeSpec, handle: EnvHandle | None, latency: LatencySampler | None,
-                  on_state: Callable[[str], None]) -> tuple[common_pb2.Trajectory, EnvHandle]:
+                  on_state: Callable[[str], None], before_turn: Callable[[int], Awaitable[None]] | None = None,
+                  ) -> tuple[common_pb2.Trajectory, EnvHandle]:
         """Runs the episode; returns the trajectory (status OK) and the environment (open, for reuse or close).
+
+        ``before_turn(t)`` is awaited before turn t is generated (the batch-level barrier; None: no wait).
 
         Raises InfraFailure, ExternalAbort, or CancelledError (aborted by the loop).
         """
@@ -412,6 +434,8 @@ class EpisodeContext:
                     if remaining is not None and remaining <= 0:
                         end = "context"
                         break
+                    if before_turn is not None:
+                        await before_turn(ep.turns)
                     on_state("GENERATING")
                     max_tokens = spec.sampling.max_tokens or self.cfg.default_max_tokens
                     if remaining is not None:
@@ -423,6 +447,9 @@ class EpisodeContext:
                     w[0] += len(gen.token_ids)
                     w[1] += gen.seconds
                     ep.versions.update(gen.versions)
+                    for v, h in gen.version_hashes.items():
+                        if h:
+                            ep.reported_hashes.setdefault(v, set()).add(h)
                     turn = traj.turns.add(observation=obs, observation_token_ids=obs_ids, action=gen.text,
                                           action_token_ids=gen.token_ids, action_logprobs=gen.logprobs,
                                           action_versions=gen.versions, actor_id=gen.actor_id)
@@ -473,5 +500,5 @@ class EpisodeContext:
                       final_observation=obs[-FINAL_OBSERVATION_CHARS:])
             traj.metadata.update(md)
             for v in sorted(ep.versions):
-                traj.version_hashes[v] = await self.version_hash(v, ep.lease)
+                traj.version_hashes[v] = await self.settled_hash(v, ep)
             return traj, handle

@@ -7,6 +7,7 @@ updated checkpoint, checks that the in-place update equals a fresh engine and is
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -35,6 +36,7 @@ from tests.unit.actor.actor_testlib import JOB, KEY, delta_segments, layer_proje
 pytestmark = pytest.mark.slow
 
 MD = [bearer(TOKEN)]
+H0 = hashlib.sha256(b"tiny v0").digest()  # the h(v0) the module's actor is told its initial weights have
 START_TIMEOUT = 300  # an engine start takes ~15-40 s; far more when the machine is loaded
 
 
@@ -95,6 +97,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
                 ROLLART_POOL="cpu-actors",
                 ROLLART_HARDWARE__TAGS="[decode, test-tag]",
                 ROLLART_ACTOR_ID="actor-under-test",
+                ROLLART_WEIGHT_HASH=H0.hex(),
             ),
         )
         ch = grpc.insecure_channel(info["address"])
@@ -250,6 +253,8 @@ def test_generate_streams_tokens_logprobs_and_versions(cluster: Cluster) -> None
     assert last.finish_reason == common_pb2.FINISH_REASON_LENGTH
     assert last.usage.prompt_tokens == len(PROMPT) and last.usage.completion_tokens == 24
     assert all(c.actor_id == cluster.actor_id and c.request_id == "gen-1" for c in r.chunks)
+    # The last chunk vouches for the weights the tokens came from (settlement checks it against the ledger).
+    assert dict(last.version_hashes) == {0: H0} and not any(c.version_hashes for c in r.chunks[:-1])
     again = generate(cluster.stub, request("gen-2", PROMPT, max_tokens=24))
     assert again.tokens == r.tokens  # greedy is deterministic
     cluster.refs["prompt24"] = r.tokens
@@ -502,6 +507,7 @@ def test_weight_update_in_the_middle_of_a_generation_and_prefix_cache_reset(clus
     [vc] = [c for ch in r.chunks for c in ch.version_changes]
     assert (vc.token_index, vc.from_version, vc.to_version, vc.kv_recomputed) == (k, 0, 1, True)
     assert vc.recomputed_tokens == len(prompt) + k
+    assert dict(r.last.version_hashes) == {0: H0, 1: h1}  # crossed versions: both hashes, as applied
     assert tokens[:k] == old[:k]  # generated under v0: unchanged
     assert tokens[k:] != old[k:]  # v1 took over
     cont = generate(stub, request("cont", prompt + tokens[:k], max_tokens=n - k)).tokens
@@ -518,6 +524,7 @@ def test_weight_update_in_the_middle_of_a_generation_and_prefix_cache_reset(clus
     q_new = generate(stub, request("q-3", LONG_PROMPT, max_tokens=16))
     assert q_new.last.usage.cached_prompt_tokens == 0
     assert q_new.versions == [1] * 16 and q_new.tokens != q_old.tokens
+    assert dict(q_new.last.version_hashes) == {1: h1}  # only the versions its tokens carry
     cluster.refs["q_new"] = q_new.tokens
     # A full reload of the same checkpoint (LoadCheckpoint) keeps it identical; the hash is checked.
     with pytest.raises(grpc.RpcError) as err:
@@ -525,7 +532,9 @@ def test_weight_update_in_the_middle_of_a_generation_and_prefix_cache_reset(clus
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # a plain HF folder records no h(v)
     res = stub.LoadCheckpoint(actor_pb2.LoadCheckpointRequest(uri=str(fresh_dir), version=1), metadata=MD, timeout=120)
     assert res.applied and res.to_version == 1 and res.artifact == common_pb2.WEIGHT_ARTIFACT_CHECKPOINT
-    assert generate(stub, request("q-4", LONG_PROMPT, max_tokens=16)).tokens == q_new.tokens
+    q4 = generate(stub, request("q-4", LONG_PROMPT, max_tokens=16))
+    assert q4.tokens == q_new.tokens
+    assert not q4.last.version_hashes  # v1 reloaded without an h(v): the actor no longer vouches for it
 
 
 def test_ledger_sees_the_new_version_and_throughput(cluster: Cluster) -> None:
@@ -604,8 +613,6 @@ def _state(pid: int) -> str:
 
 
 def test_mooncake_buckets_then_a_delta_equal_a_full_reload(cluster: Cluster) -> None:
-    import hashlib
-
     from rollart.local.mooncake import mooncake_master_binary, start_mooncake_master
     from rollart.weights.buckets import BucketPublisher, MooncakeConfig
 

@@ -8,6 +8,8 @@ for the proxy in the envmanager's tests only (the real proxy + actor run in the 
   with logprob -0.1 and the server's current version (``version``; ``version_after`` switches mid-stream).
 - Faults per task: ``fail[task] = ["unavailable", ...]`` ends the next calls with the proxy's retryable
   UNAVAILABLE, ``"hang"`` streams nothing until the trajectory is aborted; ``token_delay`` slows generation.
+- Weight hashes per task: ``hashes[task] = {version: h}`` is what the last chunk's ``version_hashes`` reports
+  for the versions the turn used (as an actor vouching for its weights; none by default).
 """
 
 from __future__ import annotations
@@ -88,10 +90,13 @@ class ScriptedProxy(pg.LLMProxyServicer):
         self.token_delay = 0.0
         self.task_delay: dict[str, float] = {}
         self.fail: dict[str, list[str]] = defaultdict(list)
+        self.hashes: dict[str, dict[int, bytes]] = {}
         self.lock = threading.Lock()
         self.aborted: set[str] = set()
         self.abort_calls: list[tuple[float, list[str]]] = []
         self.contexts: list[tuple[str, str, int]] = []  # (trajectory, task, context length)
+        # (wall-clock arrival, trajectory, turn, first user message) of every Generate call
+        self.arrivals: list[tuple[float, str, int, str]] = []
         self.malformed: list[str] = []
         self.calls: dict[str, int] = defaultdict(int)
         self.server: grpc.Server | None = None
@@ -134,6 +139,7 @@ class ScriptedProxy(pg.LLMProxyServicer):
 
     def Generate(self, request: pp.TrajectoryGenerateRequest, context):
         self._auth(context)
+        arrived = time.time()
         tid, task = request.trajectory_id, request.task
         if not tid or not request.input.token_ids:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "trajectory_id and input.token_ids are required")
@@ -145,6 +151,8 @@ class ScriptedProxy(pg.LLMProxyServicer):
         msgs = parse_chat(text)
         with self.lock:
             self.contexts.append((tid, task, len(request.input.token_ids)))
+            first_user = next((m for r, m in msgs or [] if r == "user"), "")
+            self.arrivals.append((arrived, tid, request.turn, first_user))
             if msgs is None:
                 self.malformed.append(text[-400:])
         if fault == "unavailable":
@@ -167,6 +175,7 @@ class ScriptedProxy(pg.LLMProxyServicer):
         ids = ids[: request.sampling.max_tokens]
         delay = self.task_delay.get(task, self.token_delay)
         offset = 0
+        used: set[int] = set()
         while offset < len(ids):
             if tid in self.aborted:
                 yield self._last(request, offset, c.FINISH_REASON_ABORTED)
@@ -182,15 +191,18 @@ class ScriptedProxy(pg.LLMProxyServicer):
                 if self.version_after is not None and i >= self.version_after[0]:
                     v = self.version_after[1]
                 versions.append(v)
+            used.update(versions)
             yield pp.TrajectoryGenerateResponse(chunk=c.GenerationChunk(
                 request_id=request.request_id, trajectory_id=tid, actor_id=self.actor_id, offset=offset,
                 token_ids=part, logprobs=[-0.1] * len(part), versions=versions,
                 text=decode([t for t in part if t not in SPECIAL_IDS])))
             offset += len(part)
-        yield self._last(request, offset, finish)
+        reported = self.hashes.get(task, {})
+        yield self._last(request, offset, finish, {v: reported[v] for v in used if v in reported})
 
-    def _last(self, request, offset: int, finish: int) -> pp.TrajectoryGenerateResponse:
+    def _last(self, request, offset: int, finish: int,
+              hashes: dict[int, bytes] | None = None) -> pp.TrajectoryGenerateResponse:
         return pp.TrajectoryGenerateResponse(chunk=c.GenerationChunk(
             request_id=request.request_id, trajectory_id=request.trajectory_id, actor_id=self.actor_id, offset=offset,
-            finish_reason=finish, usage=c.GenerationUsage(completion_tokens=offset)))
+            finish_reason=finish, usage=c.GenerationUsage(completion_tokens=offset), version_hashes=hashes or {}))
 

@@ -176,6 +176,28 @@ def test_versions_cross_within_a_trajectory_and_the_context_limit(cluster, proxy
     assert len(t.turns) >= 2
 
 
+def test_the_actors_reported_weight_hash_is_what_settlement_checks(cluster, proxy):
+    # Every turn crosses v0 -> v1; the "actor" vouches for v1 only, so v0's hash comes from the ledger.
+    proxy.version, proxy.version_after = 0, (2, 1)
+    proxy.hashes["honest"] = {1: h(1)}
+    proxy.hashes["forged"] = {1: b"\x13" * 32}  # other weights under v1: the lease's h(1) must not hide it
+    try:
+        (g_ok,) = cluster.prompts("honest", 1, prefix="honest-", group_size=1)
+        (g_bad,) = cluster.prompts("forged", 1, prefix="forged-", group_size=1)
+        cluster.main.start("hash-honest", "custom:echo", task="honest", max_trajectories_per_loop=1)
+        cluster.main.start("hash-forged", "custom:echo", task="forged", max_trajectories_per_loop=1)
+        got = collect(cluster, [g_ok])
+        wait_until(lambda: [lo for lo in cluster.main.loops("hash-forged") if lo.counters.rejected == 1],
+                   what="the forged trajectory settled")
+    finally:
+        proxy.version, proxy.version_after = 1, None
+    (t,) = got[g_ok].trajectories
+    assert t.status == c.TRAJECTORY_STATUS_OK and dict(t.version_hashes) == {0: h(0), 1: h(1)}
+    (loop,) = cluster.main.loops("hash-forged")
+    assert loop.counters.admitted == 0 and "REJECTION_REASON_HASH_MISMATCH" in loop.last_error, loop
+    assert g_bad not in got and not [x for x in cluster.main.in_flight() if x.group_id == g_bad]
+
+
 def test_infrastructure_failures_are_failures_with_their_cause(cluster, proxy):
     proxy.policies.update(crash=players.constant("exit"), stuck=players.constant("sleep"),
                           envbug=players.constant("raise"))

@@ -9,6 +9,7 @@ Both also serve whole turns.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -42,6 +43,7 @@ pytestmark = pytest.mark.slow
 MD = [bearer(TOKEN)]
 START_TIMEOUT = 300  # an engine start takes ~15-40 s; far more when the machine is loaded
 A, B = "actor-a", "actor-b"
+H0 = hashlib.sha256(b"tiny v0").digest()  # the h(v0) both actors are told their weights have
 FR = common_pb2.FinishReason
 
 
@@ -78,6 +80,7 @@ def actor_env(model: Path, cache: Path, store: Path, role: str, **extra: str) ->
         "ROLLART_KV_TRANSFER_CONFIG": json.dumps(kv),
         "ROLLART_REGISTRATION_TTL_SECONDS": "3",
         "ROLLART_LEDGER_HEARTBEAT_SECONDS": "0.5",
+        "ROLLART_WEIGHT_HASH": H0.hex(),
     }
     env.update(extra)
     return env
@@ -270,6 +273,7 @@ def test_turns_stick_to_one_actor_and_match_the_actor_directly(env: Env) -> None
     # Greedy through the proxy equals greedy on the actor itself: the proxy passes tokens through untouched.
     assert first.tokens == direct(env, owner, history, 12)
     assert all(v == 0 for r in first.responses for v in r.chunk.versions)
+    assert dict(first.responses[-1].chunk.version_hashes) == {0: H0}  # the actor's own h(v), passed through
     for t in range(1, 4):  # later turns carry the whole history and stay on the same actor
         history = history + first.tokens + [20 + t]
         nxt = gen(env, turn("sticky-1", history, n=8, turn=t))
@@ -400,6 +404,7 @@ def test_pd_prefill_on_one_actor_decode_on_the_other_moves_real_kv(env: Env) -> 
         assert r.error is None, r.error
         assert r.route.actor_id == B and r.route.prefill_actor_id == A
         assert r.tokens == reference  # decoding from A's KV gives B's own greedy output
+        assert dict(r.responses[-1].chunk.version_hashes) == {0: H0}  # the decode actor's, to the client
         assert {p.name for p in env.store.iterdir()} - folders_before  # A wrote the prompt's KV
         log = env.actor_logs[B].read_text(errors="replace")
         assert log.count("Inject KV cache") > injected_before  # B loaded it instead of prefilling

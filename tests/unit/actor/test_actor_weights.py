@@ -90,6 +90,7 @@ def test_pushed_segments_out_of_order_with_duplicates_stage_and_commit_bit_exact
     res = outcome.result
     assert res.applied and (res.from_version, res.to_version) == (0, 1) and res.hash == h1
     assert host.version == 1 and host.hash == h1
+    assert host.hashes_for([0, 1, 1]) == {1: h1}  # what chunks report; v0 was loaded without a known h(v)
     assert _same(v1, host.ws.arrays)  # the host copy is exactly v1
     assert _same(v1, engine.served)  # and so is what the engine serves
     # Only layer 1's projections went to the engine, as whole fused groups (q, k, v together; gate, up).
@@ -146,10 +147,23 @@ def test_wrong_hash_is_data_loss_and_a_refused_engine_update_rolls_the_host_back
     refused, _ = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="y", version=1, hash=h1)))
     assert refused.error is not None and refused.error.code == "FAILED_PRECONDITION"
     assert host.version == 0 and _same(base, host.ws.arrays)  # the host copy was restored
+    assert host.hashes_for([1]) == {}  # never active: no chunk may vouch for h1 under v1
     assert staging.staged(1)[0].complete  # still staged: a later commit may succeed
     engine.refuse = False
     ok, _ = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="y", version=1, hash=h1)))
     assert ok.error is None and host.version == 1 and _same(v1, engine.served)
+
+
+def test_active_hash_history_is_per_version_bounded_and_forgets_unknown(model: Path) -> None:
+    h = [bytes([i]) * 32 for i in range(HostWeights.HISTORY + 2)]
+    host = HostWeights.load(model, 0, h[0])
+    assert host.hashes_for([0]) == {0: h[0]}
+    for v in range(1, HostWeights.HISTORY + 2):
+        host.set_version(v, h[v])
+    got = host.hashes_for(range(HostWeights.HISTORY + 2))
+    assert len(got) == HostWeights.HISTORY and 0 not in got and 1 not in got and got[5] == h[5]
+    host.set_version(5, None)  # v5 reloaded from weights without a hash: it is no longer vouched for
+    assert 5 not in host.hashes_for([5]) and host.hash == b""
 
 
 def test_bad_segments_are_invalid_argument(model: Path, tmp_path: Path) -> None:
