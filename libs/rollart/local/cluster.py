@@ -232,7 +232,7 @@ def up(
             overlay = {k: v for k, v in env.items() if k.startswith("ROLLART_") or os.environ.get(k) != v}
             proc = ManagedProcess(
                 name,
-                [script],
+                pinned([script], env),
                 log_path=state_dir / "logs" / f"{name}.log",
                 env=env,
                 ready_file=run_dir / f"{name}.ready",
@@ -257,6 +257,18 @@ def up(
     return state
 
 
+def pinned(argv: list[str], env: dict[str, str]) -> list[str]:
+    """``ROLLART_CPUS`` (a taskset CPU list, e.g. "0" or "1-3") confines a service and every process it starts
+    (vLLM's engine, sandboxes) to those CPUs: on one host this emulates separate machines for the trainer and
+    the rollout side. taskset execs the service, so the pid stays the service's."""
+    cpus = env.get("ROLLART_CPUS", "").strip()
+    if not cpus:
+        return argv
+    if shutil.which("taskset") is None:
+        raise ProcessError("ROLLART_CPUS is set but taskset (util-linux) is not installed")
+    return ["taskset", "-c", cpus, *argv]
+
+
 def restart(state_dir: Path, name: str, *, ready_timeout: float = 180.0) -> dict:
     """Start a dead service of the cluster again, on the same addresses (its peers keep theirs). Returns its
     new state entry. A supervisor (``rollart run``) calls it after a crash or a SIGKILL."""
@@ -276,7 +288,8 @@ def restart(state_dir: Path, name: str, *, ready_timeout: float = 180.0) -> dict
     if info.get("data_endpoint"):  # the relay's striped-transport listener
         env["ROLLART_DATA_LISTEN"] = info["data_endpoint"]
     ready = Path(env["ROLLART_READY_FILE"])
-    proc = ManagedProcess(name, [info["script"]], log_path=Path(info["log"]), env=env, ready_file=ready).start()
+    argv = pinned([info["script"]], env)
+    proc = ManagedProcess(name, argv, log_path=Path(info["log"]), env=env, ready_file=ready).start()
     new = proc.wait_ready(ready_timeout)
     info = dict(info, pid=proc.pid, restarts=int(info.get("restarts", 0)) + 1)
     info.update({k: v for k, v in new.items() if k not in ("service", "pid")})
