@@ -50,15 +50,29 @@ CONFIGS = [
     ("async-2", {"mode": "async", "alpha": 2}, "delta", "trajectory"),
     ("async-4", {"mode": "async", "alpha": 4}, "delta", "trajectory"),
 ]
+PINNED_SERVICES = ("resource-manager", "ledger", "relay", "trainer", "reward", "actor", "llmproxy", "envmanager")
 CURVES = ("sync", "async-1")
 
 
 def job_file(
-    work: Path, name: str, job: dict, weight_sync: str, interaction: str, steps: int, latency: float, epochs: int = 1
+    work: Path,
+    name: str,
+    job: dict,
+    weight_sync: str,
+    interaction: str,
+    steps: int,
+    latency: float,
+    epochs: int = 1,
+    pin: bool = False,
 ) -> Path:
     data = yaml.safe_load((ROOT / "examples" / "frozenlake.yaml").read_text())
     data["job"].update(job, max_steps=steps)
     data["job"]["grpo"]["epochs_per_batch"] = epochs
+    if pin:
+        # Disaggregation on one host: the trainer alone on CPU 0, the whole rollout side on CPU 1.
+        data.setdefault("cluster", {})["env"] = {
+            svc: {"ROLLART_CPUS": "0" if svc == "trainer" else "1"} for svc in PINNED_SERVICES
+        }
     data["environment"]["interaction"] = interaction
     data["job"]["publish"]["weight_sync"] = weight_sync
     data["job"]["options"] = {"ledger.actor_timeout": "10"}
@@ -179,12 +193,14 @@ def _cpu_model() -> str:
 def record(text: str, args: argparse.Namespace, loads: list[float]) -> None:
     path = ROOT / "bench" / "RESULTS.md"
     head = "## Trainer and protocol"
-    if args.epochs != 1:
-        head += f": training-heavy steps ({args.epochs} epochs per batch)"
+    if args.epochs != 1 or args.pin:
+        what = [f"{args.epochs} epochs per batch"] if args.epochs != 1 else []
+        what += ["trainer on CPU 0, rollout side on CPU 1"] if args.pin else []
+        head += f": {', '.join(what)}"
     only = f" --only {' '.join(args.only)}" if args.only else ""
     cmd = (
         f"`.venv/bin/python -m bench protocol --steps {args.steps} --curve-steps {args.curve_steps} "
-        f"--latency {args.latency} --epochs {args.epochs}{only} --record`"
+        f"--latency {args.latency} --epochs {args.epochs}{' --pin' if args.pin else ''}{only} --record`"
     )
     body = (
         f"{head}\n\nCommand: {cmd}.\nMachine: {os.cpu_count()} cores, {_cpu_model()}, "
@@ -217,18 +233,24 @@ def main() -> int:
         default=1,
         help="GRPO optimizer passes per batch: >1 makes training a larger share of the step, as on real models",
     )
-    ap.add_argument("--work", type=Path, help="work folder (default bench/out/protocol[-e<epochs>])")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="trainer on CPU 0, every other service on CPU 1 (separate hardware for training and rollout)",
+    )
+    ap.add_argument("--work", type=Path, help="work folder (default bench/out/protocol[-e<epochs>][-pin])")
     ap.add_argument("--record", action="store_true", help="write the section in bench/RESULTS.md")
     args = ap.parse_args()
     if args.work is None:
-        args.work = ROOT / "bench" / "out" / ("protocol" if args.epochs == 1 else f"protocol-e{args.epochs}")
+        tag = ("" if args.epochs == 1 else f"-e{args.epochs}") + ("-pin" if args.pin else "")
+        args.work = ROOT / "bench" / "out" / f"protocol{tag}"
     args.work.mkdir(parents=True, exist_ok=True)
     rows, loads = [], []
     for name, job, ws, interaction in CONFIGS:
         if args.only and name not in args.only:
             continue
         steps = args.curve_steps if name in CURVES else args.steps
-        cfg = job_file(args.work, name, job, ws, interaction, steps, args.latency, args.epochs)
+        cfg = job_file(args.work, name, job, ws, interaction, steps, args.latency, args.epochs, args.pin)
         out = args.work / name
         t0 = time.monotonic()
         log = io.StringIO()
