@@ -52,6 +52,9 @@ DEFAULT_SERVICE_ENV: dict[str, dict[str, str]] = {
 }
 
 
+STOP_CODES = {"interrupted": 130, "terminated": 143}
+
+
 @dataclass
 class RunOptions:
     job_file: Path
@@ -556,7 +559,9 @@ class Runner:
             file=self.log,
             flush=True,
         )
-        if state != "COMPLETED" and not self.stop_reason:
+        if self.stop_reason in STOP_CODES:  # Ctrl-C / SIGTERM: the shell's convention (128 + signal)
+            return STOP_CODES[self.stop_reason]
+        if state != "COMPLETED":  # failed, or stopped by run.timeout before its last step
             return 1
         if self.opts.min_improvement and not ratio >= self.opts.min_improvement:
             print(f"the reward did not improve {self.opts.min_improvement}x", file=self.log)
@@ -595,9 +600,15 @@ def run(opts: RunOptions, log: TextIO = sys.stderr) -> int:
         opts.service_env.setdefault(name, {}).update(extra or {})
     runner = Runner(opts, data, log)
     code = 1
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM outside the job's event loop: stop like Ctrl-C, tearing down
+
+    previous = signal.signal(signal.SIGTERM, terminated)
     try:
         runner.setup()
-        code = asyncio.run(runner.main())
+        code = asyncio.run(runner.main())  # its own SIGINT/SIGTERM handlers stop the job cleanly
+        signal.signal(signal.SIGTERM, terminated)  # asyncio put back the default on the way out
         code = runner.finish() or code
     except (ProcessError, SpecError) as exc:
         print(f"rollart run: {exc}", file=log)
@@ -606,7 +617,14 @@ def run(opts: RunOptions, log: TextIO = sys.stderr) -> int:
         print("rollart run: interrupted", file=log)
         code = 130
     finally:
-        runner.teardown()
+        # A second Ctrl-C must not leave half the cluster running: the teardown is not interruptible.
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            runner.teardown()
+        finally:
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, previous)
     return code
 
 
