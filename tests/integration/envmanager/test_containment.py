@@ -121,6 +121,11 @@ def test_time_budget(backend):
 def test_bwrap_processes_do_not_outlive_their_command(small_limits):
     with make_sandbox("bwrap", small_limits) as sb:
         sb.exec(["sh", "-c", "sleep 60 & sleep 60 & echo started"])
+        # The pid namespace died with the command; the kernel SIGKILLs its members asynchronously (one can still
+        # show as running for a few milliseconds), so give it a moment, not a minute.
+        deadline = time.monotonic() + 2.0
+        while count_uid_processes(sb.uid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert count_uid_processes(sb.uid) == 0
         sb.exec(["sh", "-c", "touch a b c"])
         assert sorted(sb.exec(["ls"]).stdout.split()) == [b"a", b"b", b"c"]

@@ -238,15 +238,20 @@ def _status_events(raw: bytes) -> list[dict[str, Any]]:
 
 
 def _uid_pids(uid: int) -> list[int]:
+    """Live processes of ``uid``. Zombies are left out: they are dead, and once their sandbox's init is gone
+    they wait to be reaped by the host's init, which can take a while in a container."""
     pids = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/status", "rb") as f:
+                state = b""
                 for line in f:
-                    if line.startswith(b"Uid:"):
-                        if int(line.split()[1]) == uid:
+                    if line.startswith(b"State:"):
+                        state = line.split()[1]
+                    elif line.startswith(b"Uid:"):  # State comes before Uid in /proc/PID/status
+                        if int(line.split()[1]) == uid and state not in (b"Z", b"X"):
                             pids.append(int(name))
                         break
         except (OSError, ValueError, IndexError):
