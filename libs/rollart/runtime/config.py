@@ -9,9 +9,10 @@ are strings that pydantic converts to the key's type. Errors name the bad key an
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -140,6 +141,49 @@ class ServiceConfig(StrictModel):
             return self.job_token.get_secret_value()
         if self.job_token_file is not None:
             return self.job_token_file.read_text().strip() or None
+        return None
+
+
+JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+class WeightPlaneConfig(ServiceConfig):
+    """Keys of the services on the weight plane (trainer, relays, actors): the job whose deltas they exchange,
+    and its segment key (HMAC of every delta segment and transport handshake; never the bearer token)."""
+
+    # Whether the service refuses to start without a segment key (an actor can run without weight updates).
+    require_job_key: ClassVar[bool] = True
+
+    job_id: str = "default"
+    job_key: SecretStr | None = None
+    job_key_file: Path | None = None
+
+    @field_validator("job_id")
+    @classmethod
+    def _job_id(cls, value: str) -> str:
+        if not JOB_ID_RE.match(value):
+            raise ValueError(f"job_id must match {JOB_ID_RE.pattern}")
+        return value
+
+    @field_validator("job_key_file")
+    @classmethod
+    def _job_key_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"file does not exist: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _job_key_present(self) -> "WeightPlaneConfig":
+        if self.require_job_key and self.key() is None:
+            raise ValueError("job_key is required (set job_key, job_key_file, ROLLART_JOB_KEY or ROLLART_JOB_KEY_FILE)")
+        return self
+
+    def key(self) -> bytes | None:
+        """The segment key as raw bytes (a key file's surrounding whitespace removed, as in the CLI)."""
+        if self.job_key is not None:
+            return self.job_key.get_secret_value().encode("utf-8") or None
+        if self.job_key_file is not None:
+            return self.job_key_file.read_bytes().strip() or None
         return None
 
 

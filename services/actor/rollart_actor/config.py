@@ -10,9 +10,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from rollart.runtime.config import ServiceConfig, StrictModel, _check_address
+from rollart.runtime.config import StrictModel, WeightPlaneConfig, _check_address
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
@@ -50,7 +50,8 @@ class WeightSourceConfig(StrictModel):
         return [_check_address(v) for v in value]
 
 
-class ActorConfig(ServiceConfig):
+class ActorConfig(WeightPlaneConfig):
+    require_job_key = False  # without a key the actor serves and only refuses weight updates
     listen: str = "127.0.0.1:50055"
 
     # ---- model ----
@@ -83,10 +84,7 @@ class ActorConfig(ServiceConfig):
     ledger_heartbeat_seconds: float = Field(2.0, gt=0)
 
     # ---- weights ----
-    # The job whose deltas this actor accepts, and its segment key (HMAC of every delta segment).
-    job_id: str = "default"
-    job_key: SecretStr | None = None
-    job_key_file: Path | None = None
+    # job_id, job_key (WeightPlaneConfig): the job whose deltas this actor accepts, and its segment key.
     weight_source: WeightSourceConfig = WeightSourceConfig()
     # Mooncake master "host:port" for full-weight buckets (set by `rollart up` when it runs one).
     mooncake_master: str | None = None
@@ -162,26 +160,11 @@ class ActorConfig(ServiceConfig):
             raise ValueError("weight_hash must be 32 bytes (64 hex digits)")
         return value
 
-    @field_validator("job_key_file")
-    @classmethod
-    def _key_file(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_file():
-            raise ValueError(f"file does not exist: {value}")
-        return value
-
     @model_validator(mode="after")
     def _needs_model(self) -> "ActorConfig":
         if not self.model:
             raise ValueError("model is required (a checkpoint directory; `rollart model tiny --out DIR` builds one)")
         return self
-
-    def key(self) -> bytes | None:
-        """The delta segment key (raw bytes; a key file's surrounding whitespace is removed)."""
-        if self.job_key is not None:
-            return self.job_key.get_secret_value().encode("utf-8") or None
-        if self.job_key_file is not None:
-            return self.job_key_file.read_bytes().strip() or None
-        return None
 
     def initial_hash(self) -> bytes | None:
         return bytes.fromhex(self.weight_hash) if self.weight_hash else None

@@ -1,12 +1,10 @@
 from __future__ import annotations
 
-import re
-
 from pydantic import Field, field_validator
 
-from rollart.runtime.config import ServiceConfig
+from rollart.runtime.config import JOB_ID_RE, ServiceConfig
 
-JOB_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+JOB_RE = JOB_ID_RE  # the same job ids as the weight plane's
 
 
 class LedgerConfig(ServiceConfig):

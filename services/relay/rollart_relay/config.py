@@ -1,14 +1,11 @@
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from rollart.runtime.config import ServiceConfig, StrictModel, _check_address
-
-JOB_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+from rollart.runtime.config import StrictModel, WeightPlaneConfig, _check_address
 
 
 class UpstreamConfig(StrictModel):
@@ -38,16 +35,13 @@ class UpstreamConfig(StrictModel):
         return self
 
 
-class RelayConfig(ServiceConfig):
+class RelayConfig(WeightPlaneConfig):
     listen: str = "127.0.0.1:50053"
     # Striped-transport listener (segments in from the trainer, out to pull-mode subscribers); port 0 picks one.
     data_listen: str = "127.0.0.1:0"
     # Address announced to subscribers and in the ready file (default: the bound data_listen).
     data_advertise: str | None = None
-    # The job this relay serves and its segment key (HMAC of every segment, transport handshakes).
-    job_id: str = "default"
-    job_key: SecretStr | None = None
-    job_key_file: Path | None = None
+    # job_id, job_key (WeightPlaneConfig): the job this relay serves and its segment key.
     relay_id: str | None = None
     region: str = "local"
     # Disk cache of complete deltas (catch-up, restarts). None: a private temporary directory.
@@ -75,31 +69,3 @@ class RelayConfig(ServiceConfig):
     @classmethod
     def _data(cls, value: str) -> str:
         return _check_address(value)
-
-    @field_validator("job_id")
-    @classmethod
-    def _job(cls, value: str) -> str:
-        if not JOB_RE.match(value):
-            raise ValueError(f"job_id must match {JOB_RE.pattern}")
-        return value
-
-    @field_validator("job_key_file")
-    @classmethod
-    def _key_file(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_file():
-            raise ValueError(f"file does not exist: {value}")
-        return value
-
-    @model_validator(mode="after")
-    def _key(self) -> "RelayConfig":
-        if self.key() is None:
-            raise ValueError("job_key is required (set job_key, job_key_file, ROLLART_JOB_KEY or ROLLART_JOB_KEY_FILE)")
-        return self
-
-    def key(self) -> bytes | None:
-        """The segment key: raw bytes (a key file's surrounding ASCII whitespace is removed, as in the CLI)."""
-        if self.job_key is not None:
-            return self.job_key.get_secret_value().encode("utf-8") or None
-        if self.job_key_file is not None:
-            return self.job_key_file.read_bytes().strip() or None
-        return None

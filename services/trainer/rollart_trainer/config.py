@@ -8,23 +8,16 @@ the relays and actors of the job use the same), and defaults for the peers a job
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, field_validator
 
-from rollart.runtime.config import ServiceConfig, _check_address
-
-JOB_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+from rollart.runtime.config import WeightPlaneConfig, _check_address
 
 
-class TrainerConfig(ServiceConfig):
+class TrainerConfig(WeightPlaneConfig):
     listen: str = "127.0.0.1:50054"
-    # The job this trainer publishes for (segment headers, transport handshakes); StartJob must name it.
-    job_id: str = "default"
-    # The job's segment key (HMAC of every delta segment); never the bearer token.
-    job_key: SecretStr | None = None
-    job_key_file: Path | None = None
+    # job_id (WeightPlaneConfig): the job this trainer publishes for; StartJob must name it.
     # Where the running job's spec (for resuming after a restart), default checkpoints and the publisher's
     # delta cache live (default: trainer/ in the local cluster's state directory).
     work_dir: Path = Field(default_factory=lambda: Path(os.environ.get("ROLLART_STATE_DIR", ".rollart")) / "trainer")
@@ -56,13 +49,6 @@ class TrainerConfig(ServiceConfig):
     # Events and step metrics kept in memory for WatchJob replay.
     history: int = Field(10_000, ge=10)
 
-    @field_validator("job_id")
-    @classmethod
-    def _job(cls, value: str) -> str:
-        if not JOB_RE.match(value):
-            raise ValueError(f"job_id must match {JOB_RE.pattern}")
-        return value
-
     @field_validator("ledger", "llmproxy", "mooncake_master", "data_listen", "data_advertise")
     @classmethod
     def _peer_addr(cls, value: str | None) -> str | None:
@@ -72,24 +58,3 @@ class TrainerConfig(ServiceConfig):
     @classmethod
     def _relays(cls, value: list[str]) -> list[str]:
         return [_check_address(v) for v in value]
-
-    @field_validator("job_key_file")
-    @classmethod
-    def _key_file(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_file():
-            raise ValueError(f"file does not exist: {value}")
-        return value
-
-    @model_validator(mode="after")
-    def _key(self) -> "TrainerConfig":
-        if self.key() is None:
-            raise ValueError("job_key is required (set job_key, job_key_file, ROLLART_JOB_KEY or ROLLART_JOB_KEY_FILE)")
-        return self
-
-    def key(self) -> bytes | None:
-        """The segment key as raw bytes (a key file's surrounding whitespace removed, as relays and actors do)."""
-        if self.job_key is not None:
-            return self.job_key.get_secret_value().encode("utf-8") or None
-        if self.job_key_file is not None:
-            return self.job_key_file.read_bytes().strip() or None
-        return None
