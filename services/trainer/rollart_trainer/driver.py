@@ -517,16 +517,7 @@ class JobRunner:
         m.suspend_time.CopyFrom(_dur(time.perf_counter() - t))
         try:
             if st.mode != SYNC:
-                self._phase(s, T.STEP_PHASE_UPDATE)
-                t = time.perf_counter()
-                await self._await_publication()
-                pause = await self._update(s, v, drain=st.mode == ONE_OFF)
-                m.update_time.CopyFrom(_dur(time.perf_counter() - t))
-                m.update_pause.CopyFrom(_dur(pause))
-                self._phase(s, T.STEP_PHASE_RESUME)
-                t = time.perf_counter()
-                await self._resume(s)
-                m.resume_time.CopyFrom(_dur(time.perf_counter() - t))
+                await self._update_and_resume(m, s, s, v, drain=st.mode == ONE_OFF)
 
             # 5: the actors recompute the KV of in-flight requests at their commit; 6: train meanwhile.
             self._phase(s, T.STEP_PHASE_TRAIN)
@@ -553,15 +544,7 @@ class JobRunner:
                 await self._publish(s, ws_new)
                 m.publish_time.CopyFrom(_dur(time.perf_counter() - t))
                 # The rollout of the next step runs on v_s (after the last step: the actors end on it).
-                self._phase(s, T.STEP_PHASE_UPDATE)
-                t = time.perf_counter()
-                pause = await self._update(s + 1, s)
-                m.update_time.CopyFrom(_dur(time.perf_counter() - t))
-                m.update_pause.CopyFrom(_dur(pause))
-                self._phase(s, T.STEP_PHASE_RESUME)
-                t = time.perf_counter()
-                await self._resume(s)
-                m.resume_time.CopyFrom(_dur(time.perf_counter() - t))
+                await self._update_and_resume(m, s, s + 1, s)
             else:
                 self._publishing = s
                 self._publish_task = asyncio.ensure_future(self._publish(s, ws_new))
@@ -592,6 +575,20 @@ class JobRunner:
                 staleness=round(m.staleness_mean, 3),
             ),
         )
+
+    async def _update_and_resume(self, m: T.StepMetrics, s: int, plan_step: int, v: int, drain: bool = False) -> None:
+        """UPDATE (v active on the actors for the rollout of ``plan_step``; async: after v's publication) and
+        RESUME, timed into the step's metrics."""
+        self._phase(s, T.STEP_PHASE_UPDATE)
+        t = time.perf_counter()
+        await self._await_publication()  # nothing pending in SYNC: it published v itself
+        pause = await self._update(plan_step, v, drain=drain)
+        m.update_time.CopyFrom(_dur(time.perf_counter() - t))
+        m.update_pause.CopyFrom(_dur(pause))
+        self._phase(s, T.STEP_PHASE_RESUME)
+        t = time.perf_counter()
+        await self._resume(s)
+        m.resume_time.CopyFrom(_dur(time.perf_counter() - t))
 
     def _train(self, batch: ledger_pb2.Batch, v: int, s: int) -> tuple[Any, WeightSet]:
         from .grpo import TrainBatch
