@@ -8,6 +8,8 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from . import errors
+
 # Called around one RPC: gets (request_or_iterator, context, run) where run() performs the call; for streaming
 # responses the wrapper receives an async iterator factory instead.
 UnaryAround = Callable[[Any, aio.ServicerContext, Callable[[], Awaitable[Any]]], Awaitable[Any]]
@@ -65,10 +67,19 @@ def _checked(request: Any, context: aio.ServicerContext, streaming: bool) -> Any
     return messages()
 
 
+async def _end_with_status(context: aio.ServicerContext, exc: Exception) -> None:
+    """The one place a servicer's exception becomes a status (``rollart.runtime.errors``); others re-raise."""
+    if isinstance(exc, aio.AbortError) or not errors.is_mapped(exc):
+        raise exc
+    await errors.abort(context, exc)
+
+
 def wrap(handler: grpc.RpcMethodHandler, unary: UnaryAround, stream: StreamAround) -> grpc.RpcMethodHandler:
     """A handler of the same kind whose behaviour runs through ``unary`` or ``stream``.
 
-    Requests that fail to parse end the call with INVALID_ARGUMENT before the service sees them.
+    Requests that fail to parse end the call with INVALID_ARGUMENT before the service sees them. A
+    ``rollart.runtime.errors.ServiceError`` (or known library error) the behaviour raises ends the call with its
+    status.
     """
     behavior = _behavior(handler)
     req_streaming = handler.request_streaming
@@ -79,11 +90,14 @@ def wrap(handler: grpc.RpcMethodHandler, unary: UnaryAround, stream: StreamAroun
                 if isinstance(request, Malformed):
                     await _reject(context, request)
                 result = behavior(_checked(request, context, req_streaming), context)
-                if hasattr(result, "__aiter__"):
-                    async for item in result:
-                        yield item
-                else:  # a coroutine that writes with context.write()
-                    await result
+                try:
+                    if hasattr(result, "__aiter__"):
+                        async for item in result:
+                            yield item
+                    else:  # a coroutine that writes with context.write()
+                        await result
+                except Exception as exc:  # noqa: BLE001 - mapped to a status, or re-raised unchanged
+                    await _end_with_status(context, exc)
 
             async for item in stream(request, context, run):
                 yield item
@@ -95,7 +109,10 @@ def wrap(handler: grpc.RpcMethodHandler, unary: UnaryAround, stream: StreamAroun
             async def run() -> Any:
                 if isinstance(request, Malformed):
                     await _reject(context, request)
-                return await behavior(_checked(request, context, req_streaming), context)
+                try:
+                    return await behavior(_checked(request, context, req_streaming), context)
+                except Exception as exc:  # noqa: BLE001 - mapped to a status, or re-raised unchanged
+                    await _end_with_status(context, exc)
 
             return await unary(request, context, run)
 

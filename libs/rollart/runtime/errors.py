@@ -1,0 +1,247 @@
+"""One mapping from errors to gRPC statuses, for every RollArt servicer.
+
+Servicers (and the validation layer below them) *raise*; they never call ``context.abort`` themselves. The
+server's handler wrapper (``rollart.runtime.handlers.wrap``) catches what a handler raises and ends the call
+with :func:`status_of` of it:
+
+* a :class:`ServiceError` subclass (:class:`InvalidArgument`, :class:`NotFound`, ...) -> its code and message;
+* a known library error: redis ``ConnectionError``/``TimeoutError`` -> UNAVAILABLE, pydantic
+  ``ValidationError`` -> INVALID_ARGUMENT (field taken from the first error's location);
+* anything else propagates unchanged (grpc reports UNKNOWN and logs it: that is a bug to fix, not a status).
+
+Invariants:
+
+* The details string is at most :data:`MAX_DETAILS_BYTES` UTF-8 bytes and every trailing-metadata value at most
+  :data:`MAX_METADATA_VALUE_BYTES`, so an error never exceeds a client's metadata limit (8 KiB by default).
+* Values echoed from the caller should go through :func:`shorten` (at most ~100 characters, then
+  ``…(N bytes)``), so one huge id cannot crowd out the rest of the message.
+
+Example::
+
+    from rollart.runtime import errors
+
+    if request.max_workers <= 0:
+        raise errors.InvalidArgument("max_workers", "must be > 0")
+    if pool is None:
+        raise errors.NotFound(f"no pool named {errors.shorten(request.name)}")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+from grpc import aio
+
+#: Upper bound on a status' details (UTF-8 bytes). gRPC sends details as the ``grpc-message`` header.
+MAX_DETAILS_BYTES = 1024
+#: Upper bound on one trailing-metadata value (UTF-8 bytes).
+MAX_METADATA_VALUE_BYTES = 256
+#: Characters of a caller's value kept by :func:`shorten`.
+ECHO_CHARS = 100
+#: Trailing-metadata key naming the offending request field of an INVALID_ARGUMENT status.
+MD_FIELD = "rollart-field"
+
+Trailing = Sequence[tuple[str, str]]
+
+
+def shorten(value: object, limit: int = ECHO_CHARS) -> str:
+    """``repr`` of a caller's value, cut to ``limit`` characters plus ``…(N bytes)`` when longer.
+
+    Strings are quoted as ``repr`` quotes them (so ``''`` and control characters stay visible).
+    """
+    text = repr(value) if isinstance(value, (str, bytes)) else str(value)
+    if len(text) <= limit:
+        return text
+    if isinstance(value, str):
+        size = len(value.encode())
+    elif isinstance(value, bytes):
+        size = len(value)
+    else:
+        size = len(text.encode())
+    return f"{text[:limit]}…({size} bytes)"
+
+
+def truncate_bytes(text: str, limit: int) -> str:
+    """``text`` cut so its UTF-8 encoding is at most ``limit`` bytes (never splits a character)."""
+    raw = text.encode()
+    if len(raw) <= limit:
+        return text
+    marker = f"…(+{len(raw)} bytes)".encode()
+    cut = raw[: max(0, limit - len(marker))].decode(errors="ignore")
+    return cut + marker.decode()
+
+
+class ServiceError(Exception):
+    """Ends the RPC with :attr:`code` and :attr:`message` (and optional trailing metadata).
+
+    Subclasses fix the code; :func:`error_for` builds one from a code chosen at run time.
+    """
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str, *, trailing: Trailing = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.trailing: list[tuple[str, str]] = list(trailing)
+
+    def details(self) -> str:
+        return self.message
+
+
+class InvalidArgument(ServiceError):
+    """The request is malformed; ``field`` names the offending field (dotted path, ``""`` if none)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, field: str, message: str, *, trailing: Trailing = ()) -> None:
+        super().__init__(message, trailing=trailing)
+        self.field = field
+        if field:
+            self.trailing.append((MD_FIELD, field))
+
+    def details(self) -> str:
+        # "max_workers: must be > 0"; a message that already starts with the field is kept as written.
+        if not self.field or self.message.startswith(self.field):
+            return self.message
+        return f"{self.field}: {self.message}"
+
+
+class NotFound(ServiceError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(ServiceError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(ServiceError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class OutOfRange(ServiceError):
+    code = grpc.StatusCode.OUT_OF_RANGE
+
+
+class Aborted(ServiceError):
+    """A concurrency conflict: the caller may retry the whole operation."""
+
+    code = grpc.StatusCode.ABORTED
+
+
+class Unavailable(ServiceError):
+    """A dependency (store, peer) is unreachable or the service is draining: retry later."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class ResourceExhausted(ServiceError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class PermissionDenied(ServiceError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class DeadlineExceeded(ServiceError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Internal(ServiceError):
+    code = grpc.StatusCode.INTERNAL
+
+
+_BY_CODE: dict[grpc.StatusCode, type[ServiceError]] = {
+    cls.code: cls
+    for cls in (
+        NotFound,
+        AlreadyExists,
+        FailedPrecondition,
+        OutOfRange,
+        Aborted,
+        Unavailable,
+        ResourceExhausted,
+        PermissionDenied,
+        Unauthenticated,
+        DeadlineExceeded,
+        Internal,
+    )
+}
+
+
+def error_for(code: grpc.StatusCode | str, message: str, *, trailing: Trailing = ()) -> ServiceError:
+    """The :class:`ServiceError` for ``code`` (a ``grpc.StatusCode`` or its name, e.g. ``"NOT_FOUND"``).
+
+    For codes decided at run time (e.g. a domain error that carries its own code name). An unknown name
+    gives UNKNOWN.
+    """
+    if isinstance(code, str):
+        code = grpc.StatusCode.__members__.get(code, grpc.StatusCode.UNKNOWN)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidArgument("", message, trailing=trailing)
+    cls = _BY_CODE.get(code)
+    if cls is not None:
+        return cls(message, trailing=trailing)
+    err = ServiceError(message, trailing=trailing)
+    err.code = code
+    return err
+
+
+def _library_error(exc: BaseException) -> ServiceError | None:
+    """Known third-party errors that have an obvious status."""
+    try:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+    except ImportError:  # pragma: no cover - redis is a dependency of rollart
+        pass
+    else:
+        if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+            return Unavailable(f"store unavailable: {exc}")
+    try:
+        from pydantic import ValidationError
+    except ImportError:  # pragma: no cover - pydantic is a dependency of rollart
+        pass
+    else:
+        if isinstance(exc, ValidationError):
+            errs = exc.errors()
+            field = ".".join(str(p) for p in errs[0].get("loc", ())) if errs else ""
+            parts = [
+                f"{'.'.join(str(p) for p in e.get('loc', ())) or '(root)'}: {e.get('msg', '')}" for e in errs[:5]
+            ]
+            more = f" (+{len(errs) - 5} more)" if len(errs) > 5 else ""
+            return InvalidArgument(field, "; ".join(parts) + more if parts else str(exc))
+    return None
+
+
+def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]] | None:
+    """``(code, details, trailing_metadata)`` for ``exc``, bounded in size; ``None`` if it has no mapping.
+
+    The one place an exception becomes a gRPC status.
+    """
+    err = exc if isinstance(exc, ServiceError) else _library_error(exc)
+    if err is None:
+        return None
+    details = truncate_bytes(err.details(), MAX_DETAILS_BYTES)
+    trailing = tuple((k, truncate_bytes(str(v), MAX_METADATA_VALUE_BYTES)) for k, v in err.trailing)
+    return err.code, details, trailing
+
+
+def is_mapped(exc: BaseException) -> bool:
+    """Whether :func:`status_of` has a status for ``exc``."""
+    return isinstance(exc, ServiceError) or _library_error(exc) is not None
+
+
+async def abort(context: aio.ServicerContext, exc: BaseException) -> None:
+    """End the call with the status of ``exc`` (raises ``aio.AbortError``); re-raises ``exc`` if unmapped.
+
+    Used by the handler wrapper; a servicer just raises.
+    """
+    status = status_of(exc)
+    if status is None:
+        raise exc
+    code, details, trailing = status
+    await context.abort(code, details, trailing_metadata=trailing)
