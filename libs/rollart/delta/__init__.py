@@ -1,7 +1,7 @@
 """Sparse delta checkpoints: extraction, segment encoding, verification and exact application.
 
-numpy only (never torch). The byte format is specified in docs/delta-format.md and DESIGN.md
-("Wire formats"). Typical use:
+numpy only (never torch). The byte format is specified in docs/delta-format.md (its place in the system:
+docs/architecture.md, "Wire formats"). Typical use:
 
     base = load_safetensors("v1.safetensors"); target = load_safetensors("v2.safetensors")
     for seg in encode_delta(base, target, job="j", version=2, key=k):   # streaming

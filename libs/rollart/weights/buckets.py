@@ -15,7 +15,8 @@ An actor pulling ``v`` reads the manifest, fetches every bucket straight into on
 verified set or an exception (:class:`WeightsNotFoundError`, :class:`WeightsIntegrityError`,
 :class:`MooncakeUnavailableError`), never a partial set. Tensors come back as views of that buffer.
 
-Mooncake facts this module is built around (docs/PLATFORM.md): ``put`` on an existing key keeps the old
+Mooncake facts this module is built around (docs/architecture.md, "Platform facts that shape the code"):
+``put`` on an existing key keeps the old
 value (we never reuse a key, and write with ``upsert`` anyway); objects are hard-pinned, or they are
 evicted silently near full; a missing key reads as empty (every return code is checked, sizes too); a dead
 master fails calls (RPC timeout bounded here by ``MC_RPC_TIMEOUT_MS``), and a restarted master has

@@ -1,4 +1,4 @@
-"""Striped TCP transport of delta segments (DESIGN.md, "Striped transport").
+"""Striped TCP transport of delta segments (docs/weight-plane.md, "Striped transport").
 
 One *session* carries the segments of one delta ``D_v`` over ``S`` TCP connections (stripes). Segments are
 handed to the connections round-robin, skipping a connection whose send buffer is still full (a stalled

@@ -1,4 +1,5 @@
-"""The step driver: one job, step after step, against the real services (DESIGN.md, "trainer").
+"""The step driver: one job, step after step, against the real services (docs/trainer.md; the protocol in
+docs/architecture.md, "The step protocol").
 
 Step ``s`` trains the policy from version ``s-1`` to version ``s``. With ``v = s-1``:
 
