@@ -32,6 +32,7 @@ class AdmissionPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ADMISSION_POLICY_UNSPECIFIED: _ClassVar[AdmissionPolicy]
     ADMISSION_POLICY_STRICT: _ClassVar[AdmissionPolicy]
     ADMISSION_POLICY_BOUNDED: _ClassVar[AdmissionPolicy]
+    ADMISSION_POLICY_AT_START: _ClassVar[AdmissionPolicy]
 
 class WeightArtifact(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -76,6 +77,7 @@ TRAJECTORY_STATUS_TIMEOUT: TrajectoryStatus
 ADMISSION_POLICY_UNSPECIFIED: AdmissionPolicy
 ADMISSION_POLICY_STRICT: AdmissionPolicy
 ADMISSION_POLICY_BOUNDED: AdmissionPolicy
+ADMISSION_POLICY_AT_START: AdmissionPolicy
 WEIGHT_ARTIFACT_UNSPECIFIED: WeightArtifact
 WEIGHT_ARTIFACT_DELTA: WeightArtifact
 WEIGHT_ARTIFACT_BUCKETS: WeightArtifact
@@ -239,6 +241,30 @@ class Trajectory(_message.Message):
 class Nothing(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class GenerationFate(_message.Message):
+    __slots__ = ("samples", "tokens")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    samples: int
+    tokens: int
+    def __init__(self, samples: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class GenerationAccounting(_message.Message):
+    __slots__ = ("trained", "evicted", "cancelled", "rejected", "failed", "wasted_token_fraction")
+    TRAINED_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    WASTED_TOKEN_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    trained: GenerationFate
+    evicted: GenerationFate
+    cancelled: GenerationFate
+    rejected: GenerationFate
+    failed: GenerationFate
+    wasted_token_fraction: float
+    def __init__(self, trained: _Optional[_Union[GenerationFate, _Mapping]] = ..., evicted: _Optional[_Union[GenerationFate, _Mapping]] = ..., cancelled: _Optional[_Union[GenerationFate, _Mapping]] = ..., rejected: _Optional[_Union[GenerationFate, _Mapping]] = ..., failed: _Optional[_Union[GenerationFate, _Mapping]] = ..., wasted_token_fraction: _Optional[float] = ...) -> None: ...
 
 class DeltaSegment(_message.Message):
     __slots__ = ("job_id", "version", "base_version", "sequence", "trailer", "data")

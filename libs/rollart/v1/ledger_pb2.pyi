@@ -650,16 +650,18 @@ class RenewLeaseResponse(_message.Message):
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
 
 class ReleaseLeaseRequest(_message.Message):
-    __slots__ = ("lease_id", "holder", "reason", "cause")
+    __slots__ = ("lease_id", "holder", "reason", "cause", "generated_tokens")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CAUSE_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     holder: str
     reason: ReleaseReason
     cause: str
-    def __init__(self, lease_id: _Optional[str] = ..., holder: _Optional[str] = ..., reason: _Optional[_Union[ReleaseReason, str]] = ..., cause: _Optional[str] = ...) -> None: ...
+    generated_tokens: int
+    def __init__(self, lease_id: _Optional[str] = ..., holder: _Optional[str] = ..., reason: _Optional[_Union[ReleaseReason, str]] = ..., cause: _Optional[str] = ..., generated_tokens: _Optional[int] = ...) -> None: ...
 
 class CancelLeasesRequest(_message.Message):
     __slots__ = ("lease_ids", "group_ids", "reason")
@@ -796,7 +798,7 @@ class SampleGroup(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[_common_pb2.Trajectory, _Mapping]]] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("batch_id", "step", "groups", "samples", "min_version", "max_version", "evicted", "waited", "partial")
+    __slots__ = ("batch_id", "step", "groups", "samples", "min_version", "max_version", "evicted", "waited", "partial", "evicted_tokens", "accounting")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
@@ -806,6 +808,8 @@ class Batch(_message.Message):
     EVICTED_FIELD_NUMBER: _ClassVar[int]
     WAITED_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTING_FIELD_NUMBER: _ClassVar[int]
     batch_id: str
     step: int
     groups: _containers.RepeatedCompositeFieldContainer[SampleGroup]
@@ -815,7 +819,9 @@ class Batch(_message.Message):
     evicted: int
     waited: _duration_pb2.Duration
     partial: bool
-    def __init__(self, batch_id: _Optional[str] = ..., step: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[SampleGroup, _Mapping]]] = ..., samples: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., evicted: _Optional[int] = ..., waited: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., partial: _Optional[bool] = ...) -> None: ...
+    evicted_tokens: int
+    accounting: _common_pb2.GenerationAccounting
+    def __init__(self, batch_id: _Optional[str] = ..., step: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[SampleGroup, _Mapping]]] = ..., samples: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., evicted: _Optional[int] = ..., waited: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., partial: _Optional[bool] = ..., evicted_tokens: _Optional[int] = ..., accounting: _Optional[_Union[_common_pb2.GenerationAccounting, _Mapping]] = ...) -> None: ...
 
 class AckBatchRequest(_message.Message):
     __slots__ = ("step", "batch_id")
@@ -895,7 +901,7 @@ class SettlementStats(_message.Message):
     def __init__(self, admitted: _Optional[int] = ..., duplicates: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class LedgerStatus(_message.Message):
-    __slots__ = ("policy", "current_step", "current_version", "latest_version", "versions", "actors", "leases", "open_groups", "buffer", "settlement", "median_completion_time", "lease_ttl", "latest_command_sequence", "server_time")
+    __slots__ = ("policy", "current_step", "current_version", "latest_version", "versions", "actors", "leases", "open_groups", "buffer", "settlement", "median_completion_time", "lease_ttl", "latest_command_sequence", "server_time", "accounting")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     CURRENT_STEP_FIELD_NUMBER: _ClassVar[int]
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -910,6 +916,7 @@ class LedgerStatus(_message.Message):
     LEASE_TTL_FIELD_NUMBER: _ClassVar[int]
     LATEST_COMMAND_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTING_FIELD_NUMBER: _ClassVar[int]
     policy: JobPolicy
     current_step: int
     current_version: int
@@ -924,4 +931,5 @@ class LedgerStatus(_message.Message):
     lease_ttl: _duration_pb2.Duration
     latest_command_sequence: int
     server_time: _timestamp_pb2.Timestamp
-    def __init__(self, policy: _Optional[_Union[JobPolicy, _Mapping]] = ..., current_step: _Optional[int] = ..., current_version: _Optional[int] = ..., latest_version: _Optional[int] = ..., versions: _Optional[_Iterable[_Union[_common_pb2.PolicyVersion, _Mapping]]] = ..., actors: _Optional[_Iterable[_Union[LedgerActor, _Mapping]]] = ..., leases: _Optional[_Union[LeaseCounts, _Mapping]] = ..., open_groups: _Optional[int] = ..., buffer: _Optional[_Union[BufferStats, _Mapping]] = ..., settlement: _Optional[_Union[SettlementStats, _Mapping]] = ..., median_completion_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., latest_command_sequence: _Optional[int] = ..., server_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    accounting: _common_pb2.GenerationAccounting
+    def __init__(self, policy: _Optional[_Union[JobPolicy, _Mapping]] = ..., current_step: _Optional[int] = ..., current_version: _Optional[int] = ..., latest_version: _Optional[int] = ..., versions: _Optional[_Iterable[_Union[_common_pb2.PolicyVersion, _Mapping]]] = ..., actors: _Optional[_Iterable[_Union[LedgerActor, _Mapping]]] = ..., leases: _Optional[_Union[LeaseCounts, _Mapping]] = ..., open_groups: _Optional[int] = ..., buffer: _Optional[_Union[BufferStats, _Mapping]] = ..., settlement: _Optional[_Union[SettlementStats, _Mapping]] = ..., median_completion_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., latest_command_sequence: _Optional[int] = ..., server_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., accounting: _Optional[_Union[_common_pb2.GenerationAccounting, _Mapping]] = ...) -> None: ...

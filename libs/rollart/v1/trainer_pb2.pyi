@@ -18,6 +18,7 @@ class StepMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STEP_MODE_SYNC: _ClassVar[StepMode]
     STEP_MODE_ONE_OFF: _ClassVar[StepMode]
     STEP_MODE_ASYNC: _ClassVar[StepMode]
+    STEP_MODE_AREAL: _ClassVar[StepMode]
 
 class WeightSyncMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -71,6 +72,7 @@ STEP_MODE_UNSPECIFIED: StepMode
 STEP_MODE_SYNC: StepMode
 STEP_MODE_ONE_OFF: StepMode
 STEP_MODE_ASYNC: StepMode
+STEP_MODE_AREAL: StepMode
 WEIGHT_SYNC_MODE_UNSPECIFIED: WeightSyncMode
 WEIGHT_SYNC_MODE_DELTA: WeightSyncMode
 WEIGHT_SYNC_MODE_BUCKETS: WeightSyncMode
@@ -248,7 +250,7 @@ class TrainerJobSpec(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[_Union[TrainerBackend, str]] = ..., mode: _Optional[_Union[StepMode, str]] = ..., alpha: _Optional[int] = ..., admission: _Optional[_Union[_common_pb2.AdmissionPolicy, str]] = ..., batch_size: _Optional[int] = ..., group_size: _Optional[int] = ..., redundancy: _Optional[int] = ..., max_steps: _Optional[int] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., publish: _Optional[_Union[PublishConfig, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointConfig, _Mapping]] = ..., prompts: _Optional[_Union[PromptSource, _Mapping]] = ..., endpoints: _Optional[_Union[TrainerEndpoints, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., device: _Optional[str] = ..., batch_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., metrics_path: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "version_trained", "version_produced", "samples", "groups", "reward_mean", "reward_std", "reward_min", "reward_max", "loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "learning_rate", "tokens_trained", "response_length_mean", "staleness_mean", "staleness_max", "rollout_tokens_per_s", "get_batch_time", "suspend_time", "update_time", "resume_time", "train_time", "publish_time", "step_time", "update_pause", "actor_versions", "admitted", "rejected", "started_at", "finished_at", "extra")
+    __slots__ = ("step", "version_trained", "version_produced", "samples", "groups", "reward_mean", "reward_std", "reward_min", "reward_max", "loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "learning_rate", "tokens_trained", "response_length_mean", "staleness_mean", "staleness_max", "rollout_tokens_per_s", "get_batch_time", "suspend_time", "update_time", "resume_time", "train_time", "publish_time", "step_time", "update_pause", "actor_versions", "admitted", "rejected", "started_at", "finished_at", "extra", "accounting", "accounting_total", "checkpoint_time")
     class ActorVersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -298,6 +300,9 @@ class StepMetrics(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTING_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTING_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_TIME_FIELD_NUMBER: _ClassVar[int]
     step: int
     version_trained: int
     version_produced: int
@@ -333,7 +338,10 @@ class StepMetrics(_message.Message):
     started_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
     extra: _containers.ScalarMap[str, float]
-    def __init__(self, step: _Optional[int] = ..., version_trained: _Optional[int] = ..., version_produced: _Optional[int] = ..., samples: _Optional[int] = ..., groups: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., reward_min: _Optional[float] = ..., reward_max: _Optional[float] = ..., loss: _Optional[float] = ..., pg_loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., clip_fraction: _Optional[float] = ..., grad_norm: _Optional[float] = ..., learning_rate: _Optional[float] = ..., tokens_trained: _Optional[int] = ..., response_length_mean: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., rollout_tokens_per_s: _Optional[float] = ..., get_batch_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., suspend_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., update_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., resume_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., train_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., publish_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., step_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., update_pause: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., actor_versions: _Optional[_Mapping[str, int]] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., extra: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    accounting: _common_pb2.GenerationAccounting
+    accounting_total: _common_pb2.GenerationAccounting
+    checkpoint_time: _duration_pb2.Duration
+    def __init__(self, step: _Optional[int] = ..., version_trained: _Optional[int] = ..., version_produced: _Optional[int] = ..., samples: _Optional[int] = ..., groups: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., reward_min: _Optional[float] = ..., reward_max: _Optional[float] = ..., loss: _Optional[float] = ..., pg_loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., clip_fraction: _Optional[float] = ..., grad_norm: _Optional[float] = ..., learning_rate: _Optional[float] = ..., tokens_trained: _Optional[int] = ..., response_length_mean: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., rollout_tokens_per_s: _Optional[float] = ..., get_batch_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., suspend_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., update_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., resume_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., train_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., publish_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., step_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., update_pause: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., actor_versions: _Optional[_Mapping[str, int]] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., extra: _Optional[_Mapping[str, float]] = ..., accounting: _Optional[_Union[_common_pb2.GenerationAccounting, _Mapping]] = ..., accounting_total: _Optional[_Union[_common_pb2.GenerationAccounting, _Mapping]] = ..., checkpoint_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class PublishedVersion(_message.Message):
     __slots__ = ("version", "step", "state", "full_checkpoint", "extract_time", "stream_time", "checkpoint_time", "buckets_time", "relays", "egress_bytes", "started_at", "published_at", "error")
