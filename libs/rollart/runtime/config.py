@@ -9,13 +9,14 @@ are strings that pydantic converts to the key's type. Errors name the bad key an
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from . import ids
 
 ENV_PREFIX = "ROLLART_"
 # Environment variables with the prefix that are not configuration keys.
@@ -144,7 +145,7 @@ class ServiceConfig(StrictModel):
         return None
 
 
-JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+JOB_ID_RE = ids.NAME_RE  # a job id is a name: it becomes a path segment and a segment-key label
 
 
 class WeightPlaneConfig(ServiceConfig):
@@ -161,8 +162,9 @@ class WeightPlaneConfig(ServiceConfig):
     @field_validator("job_id")
     @classmethod
     def _job_id(cls, value: str) -> str:
-        if not JOB_ID_RE.match(value):
-            raise ValueError(f"job_id must match {JOB_ID_RE.pattern}")
+        why = ids.name_problem(value)
+        if why:
+            raise ValueError(f"job_id {why}")
         return value
 
     @field_validator("job_key_file")

@@ -1,0 +1,85 @@
+"""The identifier rules every RollArt service checks, defined once.
+
+Two kinds, because they end up in different places:
+
+``ID`` (worker/actor ids, trajectory ids, request ids, lease holders, group/loop ids, manager/relay ids):
+    1-256 characters from ``A-Z a-z 0-9 . _ : @ / # + = ~ -``, starting with a letter or digit. Ids are opaque
+    keys (Redis hash fields, log fields, metadata values); ``/`` and ``#`` are allowed because callers compose
+    them hierarchically (lease holders ``env/a``, loop ids ``group/3``) and ``~`` because the proxy derives
+    retry/prefill request ids (``rid~r1``, ``rid~prefill``). No whitespace and no control characters, so an id
+    can always be logged, put in a header and compared byte for byte.
+
+``NAME`` (pool names, roles, binding ids, job ids):
+    1-63 characters from ``a-z 0-9 . _ -``, starting with a letter or digit: a DNS-label-like name, because
+    names become path segments (checkpoint and bucket layouts), metric labels and Kubernetes labels.
+
+Every name is also an id. Validation raises ``errors.InvalidArgument`` naming the field (the value is echoed
+shortened), so a servicer just calls ``ids.check_id("worker.worker_id", w.worker_id)``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from . import errors
+
+MAX_ID_CHARS = 256
+ID_CHARS = "A-Z a-z 0-9 . _ : @ / # + = ~ -"
+ID_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._:@/#+=~-]{{0,{MAX_ID_CHARS - 1}}}$")
+
+MAX_NAME_CHARS = 63
+NAME_CHARS = "a-z 0-9 . _ -"
+NAME_RE = re.compile(rf"^[a-z0-9][a-z0-9._-]{{0,{MAX_NAME_CHARS - 1}}}$")
+
+ID_RULE = f"1-{MAX_ID_CHARS} characters of {ID_CHARS}, starting with a letter or digit"
+NAME_RULE = f"1-{MAX_NAME_CHARS} characters of {NAME_CHARS}, starting with a letter or digit"
+
+
+def is_id(value: object) -> bool:
+    return isinstance(value, str) and ID_RE.match(value) is not None
+
+
+def is_name(value: object) -> bool:
+    return isinstance(value, str) and NAME_RE.match(value) is not None
+
+
+def id_problem(value: str, *, max_chars: int = MAX_ID_CHARS) -> str | None:
+    """Why ``value`` is not an id (a phrase to follow the field name), or ``None`` if it is one."""
+    if not is_id(value) or len(value) > max_chars:
+        rule = ID_RULE if max_chars == MAX_ID_CHARS else ID_RULE.replace(str(MAX_ID_CHARS), str(max_chars), 1)
+        return f"must be {rule}, got {errors.shorten(value)}"
+    return None
+
+
+def name_problem(value: str) -> str | None:
+    """Why ``value`` is not a name, or ``None`` if it is one."""
+    if not is_name(value):
+        return f"must be {NAME_RULE}, got {errors.shorten(value)}"
+    return None
+
+
+def check_id(field: str, value: str, *, required: bool = True, max_chars: int = MAX_ID_CHARS) -> str:
+    """``value`` if it is an id; else ``errors.InvalidArgument(field, ...)``. Empty is allowed unless required.
+
+    ``max_chars`` lowers the length limit where an id is composed into a longer one (e.g. a holder prefix).
+    """
+    if not value:
+        if required:
+            raise errors.InvalidArgument(field, "is required")
+        return value
+    why = id_problem(value, max_chars=max_chars)
+    if why:
+        raise errors.InvalidArgument(field, why)
+    return value
+
+
+def check_name(field: str, value: str, *, required: bool = True) -> str:
+    """``value`` if it is a name; else ``errors.InvalidArgument(field, ...)``. Empty is allowed unless required."""
+    if not value:
+        if required:
+            raise errors.InvalidArgument(field, "is required")
+        return value
+    why = name_problem(value)
+    if why:
+        raise errors.InvalidArgument(field, why)
+    return value
