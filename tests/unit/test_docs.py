@@ -1,0 +1,157 @@
+"""The documentation stands on its own: no reference to design files outside the repository, no broken links.
+
+The design lives in docs/architecture.md and the docs/*.md of each subsystem. A clone has nothing else, so a
+file that sends the reader to a design or platform document outside the repository (or to a sibling checkout)
+points nowhere; these tests fail when one does, and when a relative link in README.md or docs/*.md names a
+file (or a heading of a Markdown file) that does not exist.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Spelled so that this file does not match itself: the design and platform documents of the steering checkout,
+# and any path into a sibling `shared` checkout.
+FOREIGN_DOC = re.compile(r"\b(?:DESIGN|PLATFORM)\.md\b|\.\./shared\b|/work/(?:shared)\b")
+
+# [text](target) and ![alt](target), with an optional "title"; reference definitions `[id]: target`.
+INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+REFERENCE_LINK = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$", re.MULTILINE)
+FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.MULTILINE | re.DOTALL)
+CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.DOTALL)
+SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+
+
+def repo_files(root: Path = REPO) -> list[Path]:
+    """Tracked files plus untracked ones git does not ignore (new files count before their first commit)."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout (an unpacked archive): walk it
+        skip = {".git", ".venv", "node_modules", "__pycache__", ".rollart", "runs"}
+        return sorted(p for p in root.rglob("*") if p.is_file() and not skip & set(p.relative_to(root).parts))
+    return sorted({root / name for name in out.decode().split("\0") if name and (root / name).is_file()})
+
+
+def foreign_references(files: list[Path], root: Path = REPO) -> list[str]:
+    """``path:line: text`` of every line that refers to a design document outside the repository."""
+    found = []
+    for path in files:
+        try:
+            text = path.read_bytes().decode("utf-8", errors="replace")
+        except OSError:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if FOREIGN_DOC.search(line):
+                found.append(f"{path.relative_to(root)}:{number}: {line.strip()[:160]}")
+    return found
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings: lower case, punctuation dropped, spaces to hyphens,
+    repeats numbered -1, -2, ..."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    for line in FENCE.sub("", markdown).splitlines():
+        m = re.match(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1))  # a link's text, not its target
+        slug = re.sub(r"[^\w\- ]", "", text.replace("`", "").lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def links(markdown: str) -> list[str]:
+    """Link targets of a Markdown text, outside code blocks and code spans."""
+    prose = CODE_SPAN.sub("", FENCE.sub("", markdown))
+    return INLINE_LINK.findall(prose) + REFERENCE_LINK.findall(prose)
+
+
+def broken_links(doc: Path, root: Path = REPO) -> list[str]:
+    """Relative links of ``doc`` whose file, or whose heading in a Markdown file, does not exist."""
+    problems = []
+    for target in links(doc.read_text()):
+        if SCHEME.match(target) or target.startswith("//"):
+            continue  # http(s), mailto, ...: not a file of this repository
+        path_part, _, anchor = target.partition("#")
+        dest = (doc.parent / path_part).resolve() if path_part else doc
+        where = f"{doc.relative_to(root)}: ({target})"
+        if not dest.exists():
+            problems.append(f"{where}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in heading_anchors(dest.read_text()):
+            problems.append(f"{where}: no heading #{anchor} in {dest.name}")
+    return problems
+
+
+def documentation() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+# ------------------------------------------------------------------------------------------------ the checks
+
+
+def test_no_file_refers_to_design_documents_outside_the_repository():
+    found = foreign_references(repo_files())
+    assert not found, "these point outside the repository; use docs/architecture.md or docs/*.md:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("doc", documentation(), ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_resolve(doc: Path):
+    assert not broken_links(doc), "\n".join(broken_links(doc))
+
+
+def test_readme_links_the_architecture_and_every_doc():
+    readme = REPO / "README.md"
+    linked = {(readme.parent / t.partition("#")[0]).resolve() for t in links(readme.read_text())}
+    missing = [p.name for p in sorted((REPO / "docs").glob("*.md")) if p.resolve() not in linked]
+    assert (REPO / "docs" / "architecture.md").resolve() in linked
+    assert not missing, f"docs not linked from README.md: {missing}"
+
+
+# --------------------------------------------------------------------------- the checker itself catches things
+
+
+def test_checker_finds_foreign_references_and_broken_links(tmp_path: Path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# Wire formats\n\n## Wire formats\n")
+    (tmp_path / "x.py").write_text('"""See DESIGN' + ".md, and ../sha" + "red/PLAT" + 'FORM.md."""\n')
+    (tmp_path / "ok.py").write_text('"""See docs/architecture.md ("Wire formats")."""\n')
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "[a](docs/a.md) [b](docs/a.md#wire-formats) [c](docs/a.md#wire-formats-1) [web](https://x.org/y)\n"
+        "[gone](docs/gone.md) [bad anchor](docs/a.md#nope) `[code](docs/none.md)`\n"
+        "```\n[fenced](docs/none.md)\n```\n[ref]: docs/missing.md\n"
+    )
+    refs = foreign_references([tmp_path / "x.py", tmp_path / "ok.py"], tmp_path)
+    assert refs == [f"x.py:1: {(tmp_path / 'x.py').read_text().strip()}"]
+    assert broken_links(readme, tmp_path) == [
+        "README.md: (docs/gone.md): no such file",
+        "README.md: (docs/a.md#nope): no heading #nope in a.md",
+        "README.md: (docs/missing.md): no such file",
+    ]
+
+
+def test_anchors_follow_github():
+    md = (
+        "# The step protocol\n## Rules every part keeps\n### `rollart run`\n## Platform facts: vLLM (CPU)\n## A\n## A\n"
+    )
+    assert heading_anchors(md) == {
+        "the-step-protocol",
+        "rules-every-part-keeps",
+        "rollart-run",
+        "platform-facts-vllm-cpu",
+        "a",
+        "a-1",
+    }
