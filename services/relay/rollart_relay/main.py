@@ -1,26 +1,12 @@
 """Console entry point: ``rollart-relay [--config PATH]``."""
 
-from __future__ import annotations
-
-import argparse
-import sys
-
-from rollart.runtime.config import ConfigError, load_config
-from rollart.runtime.server import run_service
+from rollart.runtime import entry
 
 from .config import RelayConfig
-from .service import RelayService
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="rollart-relay", description=__doc__)
-    parser.add_argument("--config", help="YAML config file (also ROLLART_CONFIG); ROLLART_* env vars override")
-    args = parser.parse_args(argv)
-    try:
-        cfg = load_config(RelayConfig, args.config)
-    except ConfigError as exc:
-        sys.exit(f"rollart-relay: {exc}")
-    run_service(RelayService(cfg), cfg)
+    entry.main("rollart-relay", RelayConfig, "rollart_relay.service:RelayService", argv)
 
 
 if __name__ == "__main__":

@@ -1,26 +1,17 @@
 """Console entry point: ``rollart-resource-manager [--config PATH]``."""
 
-from __future__ import annotations
-
-import argparse
-import sys
-
-from rollart.runtime.config import ConfigError, load_config
-from rollart.runtime.server import run_service
+from rollart.runtime import entry
 
 from .config import ResourceManagerConfig
-from .service import ResourceManagerService
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="rollart-resource-manager", description=__doc__)
-    parser.add_argument("--config", help="YAML config file (also ROLLART_CONFIG); ROLLART_* env vars override")
-    args = parser.parse_args(argv)
-    try:
-        cfg = load_config(ResourceManagerConfig, args.config)
-    except ConfigError as exc:
-        sys.exit(f"rollart-resource-manager: {exc}")
-    run_service(ResourceManagerService(cfg), cfg)
+    entry.main(
+        "rollart-resource-manager",
+        ResourceManagerConfig,
+        "rollart_resource_manager.service:ResourceManagerService",
+        argv,
+    )
 
 
 if __name__ == "__main__":
