@@ -23,8 +23,8 @@ import redis.asyncio as aioredis
 from grpc import aio
 from prometheus_client import Counter
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError, WatchError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import WatchError
 
 from rollart.discovery import Registration
 from rollart.runtime.telemetry import log_fields
@@ -36,7 +36,8 @@ from rollart.v1 import resource_manager_pb2 as rm
 from . import codec, scheduling
 from . import policy as pol
 from .config import LedgerConfig
-from .scripts import SCRIPTS, source
+from .errors import LedgerError
+from .scripts import BatchRecord, Command, LedgerScripts, NewGroup, TauUpdate, WorkReport, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -44,22 +45,11 @@ ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/#+=-]{0,199}$")
 MAX_BATCH = 1_000_000
 MAX_PROMPTS = 10_000
 MAX_PRIORITY = 1_000_000
-CODES = {
-    "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
-    "FAILED_PRECONDITION": grpc.StatusCode.FAILED_PRECONDITION,
-    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
-    "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
-    "OUT_OF_RANGE": grpc.StatusCode.OUT_OF_RANGE,
-}
 K = lp.SubscriberKind
 
 SUBMISSIONS = Counter("rollart_ledger_submissions_total", "Submit verdicts", ["verdict"])
 LEASES_ISSUED = Counter("rollart_ledger_leases_issued_total", "Sample leases issued")
 LEASES_EXPIRED = Counter("rollart_ledger_leases_expired_total", "Sample leases expired by the reaper")
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Abort(Exception):
@@ -95,7 +85,7 @@ def _check_duration(name: str, d: Any) -> float:
 
 
 def handler(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Maps Abort, store outages and script errors to gRPC statuses."""
+    """Maps Abort, the core's LedgerError (scripts, planning) and store outages to gRPC statuses."""
 
     @functools.wraps(fn)
     async def run(self: "LedgerService", request: Any, context: aio.ServicerContext) -> Any:
@@ -103,6 +93,8 @@ def handler(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             return await fn(self, request, context)
         except Abort as exc:
             await context.abort(exc.code, exc.message)
+        except LedgerError as exc:
+            await context.abort(grpc.StatusCode[exc.code], exc.message)
         except (RedisConnectionError, RedisTimeoutError) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"ledger store unavailable: {exc}")
 
@@ -140,7 +132,7 @@ class LedgerService(lg.LedgerServicer):
         self.cfg = cfg
         self.redis = aioredis.from_url(cfg.redis_url)
         self.p = cfg.key_prefix
-        self.scripts = {name: self.redis.register_script(source(name)) for name in SCRIPTS}
+        self.scripts = LedgerScripts(self.redis, self.p)
         self.signal = _Signal()
         self._reaper: asyncio.Task | None = None
         self._last_trim = 0.0
@@ -155,19 +147,14 @@ class LedgerService(lg.LedgerServicer):
 
     async def start(self) -> None:
         await self.redis.ping()
-        for script in self.scripts.values():
-            script.sha = await self.redis.script_load(script.script)
+        await self.scripts.load()
         if self.cfg.job_id:
             job = await self.redis.get(self.k("job"))
             if job is not None and job.decode() != self.cfg.job_id:
                 raise RuntimeError(
                     f"the store under {self.p!r} belongs to job {job.decode()!r}, not {self.cfg.job_id!r}"
                 )
-        defaults = pol.defaults(self.cfg.job_id)
-        args: list[Any] = [defaults.SerializeToString()]
-        for key, value in pol.fields(defaults).items():
-            args += [key, repr(value)]
-        await self._script("ensure_policy", args)
+        await self.scripts.ensure_policy(pol.defaults(self.cfg.job_id))
         self._reaper = asyncio.create_task(self._reap_loop(), name="ledger-reaper")
 
     async def on_serving(self, address: str) -> None:
@@ -198,16 +185,6 @@ class LedgerService(lg.LedgerServicer):
                 pass
         await self.redis.aclose()
 
-    async def _script(self, name: str, args: list[Any], now: int | None = None, client: Any = None) -> Any:
-        """Run a script; its ``CODE message`` errors become Abort."""
-        try:
-            return await self.scripts[name](keys=[self.p], args=[now or now_ms(), *args], client=client)
-        except ResponseError as exc:
-            code, _, message = str(exc).partition(" ")
-            if code in CODES:
-                raise Abort(CODES[code], message) from None
-            raise
-
     async def _policy(self, pending: bool = False) -> dict[str, float]:
         """The policy in force (or, with pending, the one the next PlanStep installs)."""
         h: dict = {}
@@ -234,10 +211,11 @@ class LedgerService(lg.LedgerServicer):
             await asyncio.sleep(self.cfg.reap_interval_seconds)
 
     async def reap(self) -> None:
-        expired, dead, _purged = await self._script(
-            "reap",
-            [int(self.cfg.lease_retention_seconds * 1000), int(self.cfg.actor_retention_seconds * 1000)],
+        reaped = await self.scripts.reap(
+            lease_retention_ms=int(self.cfg.lease_retention_seconds * 1000),
+            actor_retention_ms=int(self.cfg.actor_retention_seconds * 1000),
         )
+        expired, dead = reaped.expired, reaped.presumed_dead
         if expired or dead:
             LEASES_EXPIRED.inc(expired)
             self.signal.fire()
@@ -281,11 +259,7 @@ class LedgerService(lg.LedgerServicer):
             filled = pol.fill(request.policy, "")
         except pol.PolicyError as exc:
             raise invalid(str(exc)) from None
-        args: list[Any] = [filled.job_id, filled.SerializeToString()]
-        args.append("")
-        for key, value in pol.fields(filled).items():
-            args += [key, repr(value)]
-        await self._script("set_policy", args)
+        await self.scripts.set_policy(filled)
         log.info("job policy set", extra=log_fields(job_id=filled.job_id))
         return filled
 
@@ -321,12 +295,8 @@ class LedgerService(lg.LedgerServicer):
                 raise invalid(f"version.{name} must be >= 0")
         if not v.HasField("created_at"):
             v.created_at.CopyFrom(codec.ts_ms(now_ms()))
-        blob = v.SerializeToString()
-        published = lp.LedgerCommand(version_published=lp.VersionPublishedCommand(version=v))
-        created, recorded = await self._script(
-            "register_version", [v.version, v.base_version, v.hash, blob, published.SerializeToString()]
-        )
-        stored = common_pb2.PolicyVersion.FromString(recorded)
+        registered = await self.scripts.register_version(v)
+        created, stored = registered.created, registered.recorded
         if not created:
             mine = common_pb2.PolicyVersion()
             mine.CopyFrom(v)
@@ -391,17 +361,14 @@ class LedgerService(lg.LedgerServicer):
             raise invalid("actor.region or actor.relay_id is too long")
         if a.pd_role not in common_pb2.PdRole.values():
             raise invalid(f"actor.pd_role {a.pd_role} is not a PdRole")
-        flat = await self._script(
-            "register_actor",
-            [a.actor_id, codec.actor_info(a), a.weights.SerializeToString(), a.region, a.relay_id],
-        )
+        h = await self.scripts.register_actor(a)
         policy = await self._policy()
         log.info(
             "actor registered", extra=log_fields(actor_id=a.actor_id, endpoint=a.endpoint, region=a.region)
         )
         latest = await self.redis.get(self.k("latest"))
         return lp.RegisterActorResponse(
-            actor=codec.actor_from(codec.hdict(flat), now_ms(), policy["tout"]),
+            actor=codec.actor_from(h, now_ms(), policy["tout"]),
             heartbeat_interval=codec.dur_ms(policy["tout"] / 3),
             latest_version=int(latest) if latest is not None else -1,
         )
@@ -419,20 +386,16 @@ class LedgerService(lg.LedgerServicer):
         if request.relay_id and not ID_RE.match(request.relay_id):
             raise invalid("relay_id is malformed")
         now = now_ms()
-        status, tau, seq = await self._script(
-            "heartbeat",
-            [
-                request.actor_id,
-                request.weights.SerializeToString() if request.HasField("weights") else "",
-                repr(obs),
-                request.in_flight_requests,
-                "1" if request.draining else "0",
-                request.relay_id,
-            ],
-            now=now,
+        beat = await self.scripts.heartbeat(
+            actor_id=request.actor_id,
+            weights=request.weights if request.HasField("weights") else None,
+            observed_tokens_per_s=obs,
+            in_flight_requests=request.in_flight_requests,
+            draining=request.draining,
+            relay_id=request.relay_id,
         )
-        if status != b"ok":
-            if status == b"dead":
+        if beat.status != "ok":
+            if beat.status == "dead":
                 self.signal.fire()
             raise Abort(
                 grpc.StatusCode.NOT_FOUND,
@@ -440,7 +403,9 @@ class LedgerService(lg.LedgerServicer):
             )
         policy = await self._policy()
         return lp.ActorHeartbeatResponse(
-            expires_at=codec.ts_ms(now + policy["tout"]), tau=float(tau), latest_command_sequence=int(seq)
+            expires_at=codec.ts_ms(now + policy["tout"]),
+            tau=beat.tau,
+            latest_command_sequence=beat.latest_command_sequence,
         )
 
     @handler
@@ -448,11 +413,11 @@ class LedgerService(lg.LedgerServicer):
         self, request: lp.LeaveActorRequest, context: aio.ServicerContext
     ) -> lp.LeaveActorResponse:
         _check_id("actor_id", request.actor_id)
-        returned, unassigned = await self._script("leave_actor", [request.actor_id])
-        if returned:
+        left = await self.scripts.leave_actor(request.actor_id)
+        if left.leases_returned:
             self.signal.fire()
         log.info("actor left", extra=log_fields(actor_id=request.actor_id, reason=request.reason[:200]))
-        return lp.LeaveActorResponse(leases_returned=returned, leases_unassigned=unassigned)
+        return lp.LeaveActorResponse(leases_returned=left.leases_returned, leases_unassigned=left.leases_unassigned)
 
     async def _actors(self, ids: list[str] | None = None) -> dict[str, lp.LedgerActor]:
         if ids is None:
@@ -546,18 +511,17 @@ class LedgerService(lg.LedgerServicer):
 
             now = now_ms()
             plan, taus, commands = self._make_plan(request, version, raw, policy, now)
-            args: list[Any] = [step, v, batch, plan.SerializeToString()]
-            args.append(len(plan.allocations))
-            for al in plan.allocations:
-                args += [al.actor_id, al.requests]
-            args.append(len(taus))
-            for aid, (tau, excl) in taus.items():
-                args += [aid, repr(tau), excl]
-            args.append(len(commands))
-            for target, kinds, ack, cmd in commands:
-                args += [target, kinds, ack, cmd.SerializeToString()]
             pipe.multi()
-            await self._script("plan_commit", args, now=now, client=pipe)
+            await self.scripts.plan_commit(
+                step=step,
+                version=v,
+                batch_size=batch,
+                plan=plan,
+                quotas=[(al.actor_id, al.requests) for al in plan.allocations],
+                tau_updates=taus,
+                commands=commands,
+                pipe=pipe,
+            )
             await pipe.execute()
         log.info(
             "step planned",
@@ -578,7 +542,7 @@ class LedgerService(lg.LedgerServicer):
         raw: dict[str, dict[str, bytes]],
         policy: dict[str, float],
         now: int,
-    ) -> tuple[lp.StepPlan, dict[str, tuple[float, int]], list[tuple[str, str, str, lp.LedgerCommand]]]:
+    ) -> tuple[lp.StepPlan, dict[str, TauUpdate], list[Command]]:
         step, v = request.step, request.version
         views: dict[str, scheduling.ActorView] = {}
         actors: dict[str, lp.LedgerActor] = {}
@@ -623,8 +587,8 @@ class LedgerService(lg.LedgerServicer):
             planned_at=codec.ts_ms(now),
             commit_deadline=deadline,
         )
-        updates: dict[str, tuple[float, int]] = {}
-        commands: list[tuple[str, str, str, lp.LedgerCommand]] = []
+        updates: dict[str, TauUpdate] = {}
+        commands: list[Command] = []
 
         def commit(aid: str) -> str:
             order_id = f"commit-s{step}-v{v}-{aid}"
@@ -638,10 +602,10 @@ class LedgerService(lg.LedgerServicer):
                 issued_at=codec.ts_ms(now),
                 deadline=deadline,
             )
-            commands.append((aid, str(K.SUBSCRIBER_KIND_ACTOR), "1", lp.LedgerCommand(commit=order)))
+            commands.append(Command(aid, (K.SUBSCRIBER_KIND_ACTOR,), True, lp.LedgerCommand(commit=order)))
             relay = actors[aid].relay_id
             if relay:  # the relay propagates it too; the same order_id makes the second delivery a no-op
-                commands.append((relay, str(K.SUBSCRIBER_KIND_RELAY), "0", lp.LedgerCommand(commit=order)))
+                commands.append(Command(relay, (K.SUBSCRIBER_KIND_RELAY,), False, lp.LedgerCommand(commit=order)))
             return order_id
 
         for aid in scheduling.order(shares, taus):
@@ -660,7 +624,7 @@ class LedgerService(lg.LedgerServicer):
                         committed=not needs_commit,
                     )
                 )
-                updates[aid] = (a.tau, 0)
+                updates[aid] = TauUpdate(a.tau, 0)
             else:
                 # Eligible but its share rounded to zero: no decay (it was not left out for its state).
                 plan.excluded.append(
@@ -671,11 +635,11 @@ class LedgerService(lg.LedgerServicer):
                         tau_after=a.tau,
                     )
                 )
-                updates[aid] = (a.tau, a.excluded_steps + 1)
+                updates[aid] = TauUpdate(a.tau, a.excluded_steps + 1)
         for aid in sorted(excluded):
             a = actors[aid]
             tau_after = a.tau * policy["decay"]
-            updates[aid] = (tau_after, a.excluded_steps + 1)
+            updates[aid] = TauUpdate(tau_after, a.excluded_steps + 1)
             plan.excluded.append(
                 lp.ExcludedActor(
                     actor_id=aid,
@@ -688,16 +652,16 @@ class LedgerService(lg.LedgerServicer):
             if views[aid].alive and not views[aid].draining and behind:
                 # A lagging actor is asked to stage v now, so that it is eligible for a later step.
                 commands.append(
-                    (
+                    Command(
                         aid,
-                        str(K.SUBSCRIBER_KIND_ACTOR),
-                        "0",
+                        (K.SUBSCRIBER_KIND_ACTOR,),
+                        False,
                         lp.LedgerCommand(stage_version=lp.StageVersionCommand(version=version)),
                     )
                 )
         plan.all_committed = all(al.committed for al in plan.allocations)
-        broadcast = f"{K.SUBSCRIBER_KIND_ROUTER},{K.SUBSCRIBER_KIND_TRAINER}"
-        commands.append(("", broadcast, "0", lp.LedgerCommand(step_planned=plan)))
+        broadcast = (K.SUBSCRIBER_KIND_ROUTER, K.SUBSCRIBER_KIND_TRAINER)
+        commands.append(Command("", broadcast, False, lp.LedgerCommand(step_planned=plan)))
         return plan, updates, commands
 
     async def _fill_commits(self, plan: lp.StepPlan) -> lp.StepPlan:
@@ -821,19 +785,15 @@ class LedgerService(lg.LedgerServicer):
         if cmd.target and cmd.target != sub and not cmd.target.startswith(sub + "/"):
             raise precondition(f"command {request.sequence} is addressed to {cmd.target}, not {sub}")
         order_id = cmd.commit.order_id if cmd.WhichOneof("command") == "commit" else ""
-        weights = request.weights.SerializeToString() if request.HasField("weights") else ""
-        recorded = await self._script(
-            "ack_command",
-            [
-                request.subscriber_id,
-                request.sequence,
-                "1" if request.ok else "0",
-                request.error[:1000],
-                order_id,
-                weights,
-            ],
+        recorded = await self.scripts.ack_command(
+            subscriber_id=request.subscriber_id,
+            sequence=request.sequence,
+            ok=request.ok,
+            error=request.error[:1000],
+            commit_order_id=order_id,
+            weights=request.weights if request.HasField("weights") else None,
         )
-        return lp.AckCommandResponse(recorded=bool(recorded))
+        return lp.AckCommandResponse(recorded=recorded)
 
     # ------------------------------------------------------------------------------------------- prompt pool
 
@@ -859,18 +819,20 @@ class LedgerService(lg.LedgerServicer):
         policy = await self._policy()
         group = request.group_size or int(policy["G"])
         redundancy = request.redundancy if request.HasField("redundancy") else int(policy["R"])
-        args: list[Any] = [group, redundancy, request.step, request.priority, n]
+        groups: list[NewGroup] = []
         for i, prompt in enumerate(request.prompts):
             _check_id(f"prompts[{i}].prompt_id", prompt.prompt_id)
             if len(prompt.task) > 256:
                 raise invalid(f"prompts[{i}].task is longer than 256 characters")
             gid = request.group_ids[i] if request.group_ids else ""
             _check_id(f"group_ids[{i}]", gid, required=False)
-            args += [gid, prompt.prompt_id, prompt.task, prompt.SerializeToString()]
-        out = await self._script("add_prompts", args)
+            groups.append(NewGroup(gid, prompt.prompt_id, prompt.task, prompt.SerializeToString()))
+        added = await self.scripts.add_prompts(
+            group_size=group, redundancy=redundancy, step=request.step, priority=request.priority, groups=groups
+        )
         self.signal.fire()
         return lp.AddPromptsResponse(
-            group_ids=[g.decode() for g in out[:n]], groups_created=int(out[n]), samples_added=int(out[n + 1])
+            group_ids=added.group_ids, groups_created=added.groups_created, samples_added=added.samples_added
         )
 
     @handler
@@ -887,19 +849,21 @@ class LedgerService(lg.LedgerServicer):
             raise invalid("region is too long")
         wait = self._bounded_wait(_check_duration("wait", request.wait), context)
         deadline = time.monotonic() + wait
-        args = [request.holder, request.max_leases or 1, request.region, request.group_id, len(request.tasks)]
-        args += list(request.tasks)
         while True:
             event = self.signal.current()
-            out = await self._script("acquire", args)
-            status = out[0]
-            if status == b"ok":
-                leases = [codec.lease_from_row(row) for row in out[1:]]
-                LEASES_ISSUED.inc(len(leases))
-                return lp.AcquireLeasesResponse(leases=leases)
+            got = await self.scripts.acquire(
+                holder=request.holder,
+                max_leases=request.max_leases or 1,
+                region=request.region,
+                group_id=request.group_id,
+                tasks=list(request.tasks),
+            )
+            if got.status == "ok":
+                LEASES_ISSUED.inc(len(got.leases))
+                return lp.AcquireLeasesResponse(leases=got.leases)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                retry = 1000 if status == b"noversion" else 250
+                retry = 1000 if got.status == "noversion" else 250
                 return lp.AcquireLeasesResponse(retry_after=codec.dur_ms(retry))
             await self.signal.wait(event, min(remaining, self.cfg.poll_interval_seconds))
 
@@ -913,8 +877,7 @@ class LedgerService(lg.LedgerServicer):
         self, request: lp.RenewLeaseRequest, context: aio.ServicerContext
     ) -> lp.RenewLeaseResponse:
         self._lease_args(request.lease_id, request.holder)
-        row = await self._script("renew", [request.lease_id, request.holder])
-        lease = codec.lease_from_row(row)
+        lease = await self.scripts.renew(lease_id=request.lease_id, holder=request.holder)
         if lease.state == lp.LEASE_STATE_EXPIRED:
             self.signal.fire()
         return lp.RenewLeaseResponse(lease=lease)
@@ -924,12 +887,12 @@ class LedgerService(lg.LedgerServicer):
         self._lease_args(request.lease_id, request.holder)
         if request.reason not in lp.ReleaseReason.values():
             raise invalid(f"reason {request.reason} is not a ReleaseReason")
-        changed, row = await self._script(
-            "release", [request.lease_id, request.holder, request.reason or lp.RELEASE_REASON_ABANDONED]
+        released = await self.scripts.release(
+            lease_id=request.lease_id, holder=request.holder, reason=request.reason or lp.RELEASE_REASON_ABANDONED
         )
-        if changed:
+        if released.changed:
             self.signal.fire()
-        return codec.lease_from_row(row)
+        return released.lease
 
     @handler
     async def CancelLeases(
@@ -946,15 +909,13 @@ class LedgerService(lg.LedgerServicer):
                 raise invalid(f"lease_ids[{i}] is empty or too long")
         for i, gid in enumerate(request.group_ids):
             _check_id(f"group_ids[{i}]", gid)
-        args: list[Any] = [
-            request.reason or lp.CANCEL_REASON_MANUAL,
-            len(request.lease_ids),
-            *request.lease_ids,
-        ]
-        args += [len(request.group_ids), *request.group_ids]
-        out = await self._script("cancel", args)
+        cancelled = await self.scripts.cancel(
+            reason=request.reason or lp.CANCEL_REASON_MANUAL,
+            lease_ids=list(request.lease_ids),
+            group_ids=list(request.group_ids),
+        )
         self.signal.fire()
-        return lp.CancelLeasesResponse(cancelled_lease_ids=[x.decode() for x in out])
+        return lp.CancelLeasesResponse(cancelled_lease_ids=cancelled)
 
     async def _lease(self, lease_id: str) -> lp.Lease | None:
         h = codec.hdict(await self.redis.hgetall(self.k("l:" + lease_id)))
@@ -1077,50 +1038,44 @@ class LedgerService(lg.LedgerServicer):
             scored, reward = True, t.reward
         if not math.isfinite(reward):
             raise invalid("reward must be finite")
-        work_args: list[Any] = [len(request.work)]
+        work: list[WorkReport] = []
         for i, w in enumerate(request.work):
             _check_id(f"work[{i}].actor_id", w.actor_id)
             if w.tokens < 0:
                 raise invalid(f"work[{i}].tokens must be >= 0")
-            work_args += [
-                w.actor_id,
-                w.tokens,
-                int(_check_duration(f"work[{i}].generation_time", w.generation_time) * 1000),
-            ]
-        args: list[Any] = [
-            t.lease_id,
-            t.trajectory_id,
-            request.holder,
-            t.lease_version,
-            "1" if ok else "0",
-            "1" if versions else "0",
-            min(versions) if versions else 0,
-            max(versions) if versions else 0,
-            "1" if scored else "0",
-            repr(reward),
-            t.SerializeToString(),
-            int(self.cfg.tau_window_seconds * 1000),
-            len(t.version_hashes),
-        ]
-        for v, h in t.version_hashes.items():
-            args += [v, h]
-        args += work_args
-        adm, reason, detail, dup, gc, gadm, awaiting, row = await self._script("submit", args)
-        resp = lp.SubmitResponse(
-            admitted=bool(adm),
-            reason=int(reason),
-            detail=codec.text(detail or b""),
-            duplicate=bool(dup),
-            group_complete=bool(gc),
-            group_admitted=int(gadm),
-            awaiting_reward=bool(awaiting),
+            generation_s = _check_duration(f"work[{i}].generation_time", w.generation_time)
+            work.append(WorkReport(w.actor_id, w.tokens, int(generation_s * 1000)))
+        verdict = await self.scripts.submit(
+            lease_id=t.lease_id,
+            trajectory_id=t.trajectory_id,
+            holder=request.holder,
+            lease_version=t.lease_version,
+            ok=ok,
+            token_versions=(min(versions), max(versions)) if versions else None,
+            scored=scored,
+            reward=reward,
+            trajectory=t.SerializeToString(),
+            tau_window_ms=int(self.cfg.tau_window_seconds * 1000),
+            version_hashes=dict(t.version_hashes),
+            work=work,
         )
-        if row:
-            resp.lease.CopyFrom(codec.lease_from_row(row))
+        resp = lp.SubmitResponse(
+            admitted=verdict.admitted,
+            reason=verdict.reason,
+            detail=verdict.detail,
+            duplicate=verdict.duplicate,
+            group_complete=verdict.group_complete,
+            group_admitted=verdict.group_admitted,
+            awaiting_reward=verdict.awaiting_reward,
+        )
+        if verdict.lease is not None:
+            resp.lease.CopyFrom(verdict.lease)
         SUBMISSIONS.labels(
-            "duplicate" if dup else ("admitted" if adm else lp.RejectionReason.Name(int(reason)))
+            "duplicate"
+            if verdict.duplicate
+            else ("admitted" if verdict.admitted else lp.RejectionReason.Name(verdict.reason))
         ).inc()
-        if not dup:
+        if not verdict.duplicate:
             self.signal.fire()
         return resp
 
@@ -1137,16 +1092,16 @@ class LedgerService(lg.LedgerServicer):
                 raise invalid("reward.trajectory_id names another trajectory")
             if not math.isfinite(reward):
                 raise invalid("reward must be finite")
-        recorded, value, unknown, ready = await self._script(
-            "record_reward", [request.trajectory_id, "1" if request.failed else "0", repr(reward)]
+        out = await self.scripts.record_reward(
+            trajectory_id=request.trajectory_id, failed=request.failed, reward=reward
         )
-        if recorded:
+        if out.recorded:
             self.signal.fire()
         return lp.RecordRewardResponse(
-            recorded=bool(recorded),
-            reward=float(value),
-            unknown_trajectory=bool(unknown),
-            group_ready=bool(ready),
+            recorded=out.recorded,
+            reward=out.reward,
+            unknown_trajectory=out.unknown_trajectory,
+            group_ready=out.group_ready,
         )
 
     @handler
@@ -1168,16 +1123,16 @@ class LedgerService(lg.LedgerServicer):
                 cur = await self.redis.hget(self.k("cur"), "v") or await self.redis.get(self.k("latest"))
                 current = int(cur) if cur is not None else None
             policy = await self._policy()
-            floor = "" if current is None else str(int(current - policy["alpha"]))
+            floor = None if current is None else int(current - policy["alpha"])
             remaining = deadline - time.monotonic()
             partial = request.allow_partial and remaining <= 0
-            out = await self._script(
-                "get_batch", [request.step, request.batch_size, floor, "1" if partial else "0", evicted]
+            attempt = await self.scripts.get_batch(
+                step=request.step, batch_size=request.batch_size, floor=floor, partial=partial, evicted_before=evicted
             )
-            if out[0] == 1:
-                return await self._batch(request.step, out, time.monotonic() - started)
-            evicted += int(out[1])
-            if int(out[1]):
+            if attempt.batch is not None:
+                return await self._batch(request.step, attempt.batch, time.monotonic() - started)
+            evicted += attempt.evicted_now
+            if attempt.evicted_now:
                 self.signal.fire()
             if remaining <= 0:
                 if request.allow_partial:
@@ -1189,14 +1144,13 @@ class LedgerService(lg.LedgerServicer):
                     )
                 raise Abort(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"{int(out[2])} of {request.batch_size} samples are in complete, scored groups"
+                    f"{attempt.ready_samples} of {request.batch_size} samples are in complete, scored groups"
                     f" after {wait:.1f}s",
                 )
             await self.signal.wait(event, min(remaining, self.cfg.poll_interval_seconds))
 
-    async def _batch(self, step: int, out: list, waited: float) -> lp.Batch:
-        _, batch_id, n, minv, maxv, ev, groups, _created, partial = out
-        gids = [g for g in codec.text(groups).split(",") if g]
+    async def _batch(self, step: int, record: BatchRecord, waited: float) -> lp.Batch:
+        gids = record.group_ids
         pipe = self.redis.pipeline(transaction=False)
         for gid in gids:
             pipe.hgetall(self.k("g:" + gid))
@@ -1211,14 +1165,14 @@ class LedgerService(lg.LedgerServicer):
                 pipe.hmget(self.k("s:" + tid), "blob", "rw", "idx")
         samples = iter(await pipe.execute())
         batch = lp.Batch(
-            batch_id=codec.text(batch_id),
+            batch_id=record.batch_id,
             step=step,
-            samples=int(n),
-            min_version=int(minv),
-            max_version=int(maxv),
-            evicted=int(ev),
+            samples=record.samples,
+            min_version=record.min_version,
+            max_version=record.max_version,
+            evicted=record.evicted,
             waited=codec.dur_ms(waited * 1000),
-            partial=bool(int(partial)),
+            partial=record.partial,
         )
         for gid, h, group in zip(gids, ghs, tids):
             trajectories = []
@@ -1246,10 +1200,10 @@ class LedgerService(lg.LedgerServicer):
             raise invalid("step must be >= 0")
         if not request.batch_id or len(request.batch_id) > 256:
             raise invalid("batch_id is required")
-        released = await self._script("ack_batch", [request.step, request.batch_id])
+        released = await self.scripts.ack_batch(step=request.step, batch_id=request.batch_id)
         if released:
             self.signal.fire()
-        return lp.AckBatchResponse(released=int(released))
+        return lp.AckBatchResponse(released=released)
 
     # ------------------------------------------------------------------------------------------------ status
 
