@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
+from google.protobuf.json_format import MessageToDict
 from grpc import aio
 
 from rollart.local import cluster as local
@@ -39,8 +40,9 @@ from rollart.local.processes import ProcessError, pid_alive
 from rollart.runtime.client import channel
 from rollart.v1 import envmanager_pb2, envmanager_pb2_grpc, ledger_pb2, ledger_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
-from .metrics import read_records
+from .metrics import read_records, time_to_score
 from .spec import SpecError, environment_spec, job_spec, load_job_file, model_dir_digest
+from .timeline import plot_timeline
 
 T = trainer_pb2
 
@@ -64,6 +66,7 @@ class RunOptions:
     timeout: float = 0.0
     fresh: bool = True
     min_improvement: float = 0.0  # exit 1 unless mean reward of the last 10 steps >= this x the first 10
+    score_target: float | None = None  # summary.json: time until the 10-step reward average first reaches it
     restart_dead: bool = True
     restart: list[str] | None = None  # services the supervisor restarts (None: every one)
     quiet: bool = False
@@ -151,6 +154,7 @@ class Progress:
         self.last = (
             f"{self._bar(m.step)} reward {m.reward_mean:.3f} (avg10 {sum(recent) / len(recent):.3f})"
             f" | {m.rollout_tokens_per_s:6.0f} tok/s | stale {m.staleness_mean:.2f}/{m.staleness_max}"
+            f" | wasted {m.accounting.wasted_token_fraction:4.0%} ({m.accounting_total.wasted_token_fraction:.0%} all)"
             f" | step {m.step_time.ToNanoseconds() / 1e9:5.1f}s | actors {versions or '-'} | {elapsed:4.0f}s"
         )
         self._show(final=not self.tty)
@@ -253,7 +257,13 @@ class Runner:
     def setup(self) -> None:
         out = self.opts.out_dir
         if self.opts.fresh:
-            for p in (self.state_dir, out / "metrics.jsonl", out / "reward.png", out / "summary.json"):
+            for p in (
+                self.state_dir,
+                out / "metrics.jsonl",
+                out / "reward.png",
+                out / "timeline.png",
+                out / "summary.json",
+            ):
                 if p.is_dir():
                     shutil.rmtree(p)
                 elif p.exists():
@@ -446,6 +456,7 @@ class Runner:
                     "admitted": st.settlement.admitted,
                     "rejected": dict(st.settlement.rejected),
                     "buffer_reserved": st.buffer.reserved_samples,
+                    "accounting": MessageToDict(st.accounting, preserving_proto_field_name=True),
                 }
                 final["actors"] = {
                     a.actor_id: {
@@ -531,6 +542,9 @@ class Runner:
         state = T.TrainerJobState.Name(self.job.state).removeprefix("TRAINER_JOB_STATE_") if self.job else "UNKNOWN"
         title = f"{self.spec.job_id}: {self.env_spec.environment} ({T.StepMode.Name(self.spec.mode or 3)[10:].lower()})"
         plotted = bool(records) and plot_rewards(records, out / "reward.png", title)
+        timeline = bool(records) and plot_timeline(records, out / "timeline.png", title + ": where the time goes")
+        acc = records[-1].get("accounting_total", {}) if records else {}
+        target = self.opts.score_target
         summary = {
             "job_id": self.spec.job_id,
             "state": state,
@@ -546,6 +560,12 @@ class Runner:
             "dead": sorted(self.dead),
             "metrics": str(out / "metrics.jsonl"),
             "reward_png": str(out / "reward.png") if plotted else None,
+            "timeline_png": str(out / "timeline.png") if timeline else None,
+            # What became of every generated token (the ledger's accounting at the last step's end).
+            "accounting": acc,
+            "wasted_token_fraction": acc.get("wasted_token_fraction", 0.0) if acc else None,
+            "score_target": target,
+            "time_to_score_seconds": time_to_score(records, target) if target is not None else None,
             "model": self.spec.model,
             "final": self.final,
             # Process groups of the cluster (every service is a session leader): all gone after the run.
@@ -596,6 +616,8 @@ def run(opts: RunOptions, log: TextIO = sys.stderr) -> int:
         opts.restart = [str(x) for x in run_section["restart"]]
     if not opts.min_improvement and run_section.get("min_improvement"):
         opts.min_improvement = float(run_section["min_improvement"])
+    if opts.score_target is None and run_section.get("score_target") is not None:
+        opts.score_target = float(run_section["score_target"])
     for name, extra in (cluster.get("env") or {}).items():
         opts.service_env.setdefault(name, {}).update(extra or {})
     runner = Runner(opts, data, log)
