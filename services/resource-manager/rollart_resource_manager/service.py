@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import AsyncIterator
 
-import grpc
 import redis.asyncio as aioredis
-from google.protobuf.timestamp_pb2 import Timestamp
 from grpc import aio
 
+from rollart.runtime import errors, ids
+from rollart.runtime.background import Periodic
 from rollart.runtime.telemetry import log_fields
+from rollart.runtime.timeutil import seconds as _secs
+from rollart.runtime.timeutil import timestamp as _ts
 from rollart.v1 import common_pb2
 from rollart.v1 import resource_manager_pb2 as rm
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
@@ -29,19 +30,7 @@ from .config import ResourceManagerConfig
 from .placement import PlacementError, place
 
 log = logging.getLogger(__name__)
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 ET = rm.ResourceEventType
-
-
-def _ts(seconds: float) -> Timestamp:
-    t = Timestamp()
-    t.FromNanoseconds(int(seconds * 1e9))
-    return t
-
-
-async def _invalid(context: aio.ServicerContext, message: str) -> None:
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
 class ResourceManagerService(rm_grpc.ResourceManagerServicer):
@@ -55,7 +44,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
         self.k_pools, self.k_workers, self.k_bindings = p + "pools", p + "workers", p + "bindings"
         self.k_expiry, self.k_revision, self.k_events = p + "expiry", p + "revision", p + "events"
         self.lock = asyncio.Lock()
-        self._reaper: asyncio.Task | None = None
+        self._reaper = Periodic(self.reap, cfg.reap_interval_seconds, name="rm-reaper")
 
     # --------------------------------------------------------------------------------------------- lifecycle
 
@@ -64,15 +53,10 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
 
     async def start(self) -> None:
         await self.redis.ping()
-        self._reaper = asyncio.create_task(self._reap_loop(), name="rm-reaper")
+        self._reaper.start()
 
     async def stop(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            try:
-                await self._reaper
-            except asyncio.CancelledError:
-                pass
+        await self._reaper.stop()
         await self.redis.aclose()
 
     # ------------------------------------------------------------------------------------------------- state
@@ -90,7 +74,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
         for w in workers.values():
             # Expiry is judged on read too, so a worker past its TTL is never bound even before the reaper runs.
             if w.state == rm.WORKER_STATE_ALIVE and w.ttl_seconds > 0:
-                if w.last_heartbeat.ToNanoseconds() / 1e9 + w.ttl_seconds < now:
+                if _secs(w.last_heartbeat) + w.ttl_seconds < now:
                     w.state = rm.WORKER_STATE_EXPIRED
         return pools, workers, bindings
 
@@ -200,16 +184,6 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
 
     # ---------------------------------------------------------------------------------------------- reaper
 
-    async def _reap_loop(self) -> None:
-        while True:
-            try:
-                await self.reap()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - Redis hiccup: try again next tick
-                log.exception("reap failed")
-            await asyncio.sleep(self.cfg.reap_interval_seconds)
-
     async def reap(self) -> None:
         now = time.time()
         due = await self.redis.zrangebyscore(self.k_expiry, "-inf", now)
@@ -223,7 +197,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
                 w = workers.get(wid)
                 if w is None:
                     continue
-                if w.last_heartbeat.ToNanoseconds() / 1e9 + w.ttl_seconds >= now:
+                if _secs(w.last_heartbeat) + w.ttl_seconds >= now:
                     continue  # renewed since the read above
                 w.state = rm.WORKER_STATE_EXPIRED
                 expired[wid] = w
@@ -232,7 +206,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
             purged = {
                 wid: None
                 for wid, w in workers.items()
-                if w.state == rm.WORKER_STATE_EXPIRED and w.last_heartbeat.ToNanoseconds() / 1e9 < purge_before
+                if w.state == rm.WORKER_STATE_EXPIRED and _secs(w.last_heartbeat) < purge_before
             }
             for wid in purged:
                 workers.pop(wid, None)
@@ -251,15 +225,14 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
     async def RegisterPool(self, request: rm.RegisterPoolRequest, context: aio.ServicerContext) -> rm.Pool:
         pool = rm.Pool()
         pool.CopyFrom(request.pool)
-        if not NAME_RE.match(pool.name):
-            await _invalid(context, f"pool.name must match {NAME_RE.pattern}, got {pool.name!r}")
+        ids.check_name("pool.name", pool.name)
         if pool.kind == common_pb2.POOL_KIND_UNSPECIFIED or pool.kind not in common_pb2.PoolKind.values():
-            await _invalid(context, "pool.kind is required (GPU_COMPUTE, GPU_BANDWIDTH, CPU or SERVERLESS)")
+            raise errors.InvalidArgument("pool.kind", "is required (GPU_COMPUTE, GPU_BANDWIDTH, CPU or SERVERLESS)")
         if pool.capacity <= 0:
-            await _invalid(context, f"pool.capacity must be > 0, got {pool.capacity}")
+            raise errors.InvalidArgument("pool.capacity", f"must be > 0, got {pool.capacity}")
         for f in pool.fallback_pools:
-            if not NAME_RE.match(f) or f == pool.name:
-                await _invalid(context, f"pool.fallback_pools has an invalid entry {f!r}")
+            if not ids.is_name(f) or f == pool.name:
+                raise errors.InvalidArgument("pool.fallback_pools", f"has an invalid entry {errors.shorten(f)}")
         async with self.lock:
             pools, workers, bindings = await self._load()
             existing = pools.get(pool.name)
@@ -281,7 +254,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
             pools, workers, bindings = await self._load()
             pool = pools.get(request.name)
             if pool is None:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"no pool named {request.name!r}")
+                raise errors.NotFound(f"no pool named {errors.shorten(request.name)}")
             pool.up = request.up
             # Bindings on a pool that went down move to compatible pools.
             if not request.up:
@@ -306,7 +279,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
             pools, workers, bindings = await self._load()
             pool = pools.pop(request.name, None)
             if pool is None:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"no pool named {request.name!r}")
+                raise errors.NotFound(f"no pool named {errors.shorten(request.name)}")
             gone = {wid: None for wid, w in workers.items() if w.pool == request.name}
             for wid in gone:
                 workers.pop(wid)
@@ -334,20 +307,18 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
     ) -> rm.RegisterWorkerResponse:
         w = rm.Worker()
         w.CopyFrom(request.worker)
-        if not ID_RE.match(w.worker_id):
-            await _invalid(context, f"worker.worker_id must match {ID_RE.pattern}, got {w.worker_id!r}")
-        if not NAME_RE.match(w.role):
-            await _invalid(context, f"worker.role must match {NAME_RE.pattern}, got {w.role!r}")
+        ids.check_id("worker.worker_id", w.worker_id)
+        ids.check_name("worker.role", w.role)
         if not w.endpoint or len(w.endpoint) > 512:
-            await _invalid(context, "worker.endpoint is required (host:port or URL)")
+            raise errors.InvalidArgument("worker.endpoint", "is required (host:port or URL, at most 512 characters)")
         if w.ttl_seconds < 0 or w.ttl_seconds > 3600:
-            await _invalid(context, f"worker.ttl_seconds must be within [0, 3600], got {w.ttl_seconds}")
+            raise errors.InvalidArgument("worker.ttl_seconds", f"must be within [0, 3600], got {w.ttl_seconds}")
         async with self.lock:
             pools, workers, bindings = await self._load()
             pool = pools.get(w.pool)
             if pool is None:
-                await context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION, f"worker.pool {w.pool!r} does not exist; register it first"
+                raise errors.FailedPrecondition(
+                    f"worker.pool {errors.shorten(w.pool)} does not exist; register it first"
                 )
             if w.ttl_seconds == 0:
                 if pool.kind != common_pb2.POOL_KIND_SERVERLESS:
@@ -375,8 +346,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
             )
 
     async def Heartbeat(self, request: rm.HeartbeatRequest, context: aio.ServicerContext) -> rm.HeartbeatResponse:
-        if not request.worker_id:
-            await _invalid(context, "worker_id is required")
+        ids.check_id("worker_id", request.worker_id)
         # Heartbeats are the hottest call: no lock, only the worker's own record and expiry change.
         raw = await self.redis.hget(self.k_workers, request.worker_id)
         now = time.time()
@@ -384,15 +354,15 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
         if (
             w is None
             or w.state != rm.WORKER_STATE_ALIVE
-            or (w.ttl_seconds > 0 and w.last_heartbeat.ToNanoseconds() / 1e9 + w.ttl_seconds < now)
+            or (w.ttl_seconds > 0 and _secs(w.last_heartbeat) + w.ttl_seconds < now)
         ):
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} is not registered or expired; register again"
+            raise errors.NotFound(
+                f"worker {errors.shorten(request.worker_id)} is not registered or expired; register again"
             )
         async with self.lock:
             raw = await self.redis.hget(self.k_workers, request.worker_id)
             if raw is None:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"worker {request.worker_id!r} was removed")
+                raise errors.NotFound(f"worker {errors.shorten(request.worker_id)} was removed")
             w = rm.Worker.FromString(raw)
             w.last_heartbeat.CopyFrom(_ts(now))
             for k, v in request.load.items():
@@ -437,20 +407,18 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
     async def Bind(self, request: rm.BindRequest, context: aio.ServicerContext) -> rm.Binding:
         req = rm.BindRequest()
         req.CopyFrom(request)
-        if not NAME_RE.match(req.binding_id):
-            await _invalid(context, f"binding_id must match {NAME_RE.pattern}, got {req.binding_id!r}")
-        if not NAME_RE.match(req.role):
-            await _invalid(context, f"role must match {NAME_RE.pattern}, got {req.role!r}")
+        ids.check_name("binding_id", req.binding_id)
+        ids.check_name("role", req.role)
         if req.replicas <= 0 or req.replicas > 10_000:
-            await _invalid(context, f"replicas must be within [1, 10000], got {req.replicas}")
+            raise errors.InvalidArgument("replicas", f"must be within [1, 10000], got {req.replicas}")
         if req.slots_per_replica < 0:
-            await _invalid(context, f"slots_per_replica must be >= 0, got {req.slots_per_replica}")
+            raise errors.InvalidArgument("slots_per_replica", f"must be >= 0, got {req.slots_per_replica}")
         if req.preferred_kind not in common_pb2.PoolKind.values():
-            await _invalid(context, f"preferred_kind {req.preferred_kind} is not a PoolKind")
+            raise errors.InvalidArgument("preferred_kind", f"{req.preferred_kind} is not a PoolKind")
         async with self.lock:
             pools, workers, bindings = await self._load()
             if req.preferred_pool and req.preferred_pool not in pools:
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"no pool named {req.preferred_pool!r}")
+                raise errors.FailedPrecondition(f"no pool named {errors.shorten(req.preferred_pool)}")
             alive = {w.worker_id: w for w in workers.values() if w.state == rm.WORKER_STATE_ALIVE}
             busy, used = self._others(bindings, req.binding_id)
             current = bindings.get(req.binding_id)
@@ -459,7 +427,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
             try:
                 pl = place(req, pools, alive, busy, used, current=current)
             except PlacementError as exc:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+                raise errors.Unavailable(str(exc)) from None
             b = rm.Binding(
                 binding_id=req.binding_id,
                 role=req.role,
@@ -469,7 +437,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
                 degraded=pl.degraded,
                 reason=pl.reason,
                 request=req,
-                updated_at=_ts(time.time()),
+                updated_at=_ts(),
             )
             await self._commit(bindings={b.binding_id: b}, events=[(ET.RESOURCE_EVENT_TYPE_BINDING_UPDATED, b)])
             log.info("bound", extra=log_fields(binding_id=b.binding_id, reason=b.reason))
@@ -489,7 +457,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
     async def GetBinding(self, request: rm.GetBindingRequest, context: aio.ServicerContext) -> rm.Binding:
         raw = await self.redis.hget(self.k_bindings, request.binding_id)
         if raw is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no binding named {request.binding_id!r}")
+            raise errors.NotFound(f"no binding named {errors.shorten(request.binding_id)}")
         return rm.Binding.FromString(raw)
 
     async def ListBindings(
@@ -503,15 +471,14 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
 
     async def Watch(self, request: rm.WatchRequest, context: aio.ServicerContext) -> AsyncIterator[rm.ResourceEvent]:
         if request.from_revision < 0:
-            await _invalid(context, "from_revision must be >= 0")
+            raise errors.InvalidArgument("from_revision", "must be >= 0")
         wanted = set(request.types)
         if request.from_revision > 0:
             first = await self.redis.xrange(self.k_events, count=1)
             if first:
                 oldest = int(first[0][0].decode().split("-")[0])
                 if request.from_revision < oldest - 1:
-                    await context.abort(
-                        grpc.StatusCode.OUT_OF_RANGE,
+                    raise errors.OutOfRange(
                         f"revision {request.from_revision} is older than the retained history (oldest {oldest}); "
                         "list the current state and watch from the latest revision",
                     )
