@@ -71,8 +71,10 @@ STOPPED_STATES = (LS.LOOP_STATE_STOPPED, LS.LOOP_STATE_FAILED)
 # A loop whose environment cannot even be opened this many times in a row stops as FAILED.
 MAX_CONSECUTIVE_SETUP_FAILURES = 5
 SETUP_CAUSES = ("env-unavailable",)
+# "expired": the lease is final already; releasing it only reports the tokens spent on it.
 RELEASE_FOR = {"cancelled": lp.RELEASE_REASON_CANCELLED, "aborted": lp.RELEASE_REASON_ABANDONED,
-               "shutdown": lp.RELEASE_REASON_SHUTDOWN, "external": lp.RELEASE_REASON_ABANDONED}
+               "shutdown": lp.RELEASE_REASON_SHUTDOWN, "external": lp.RELEASE_REASON_ABANDONED,
+               "expired": lp.RELEASE_REASON_ABANDONED}
 
 
 def dur(seconds: float) -> Duration:
@@ -501,10 +503,10 @@ class Loop:
             self.m.spawn(self.m.ctx.abort_generation(ep.trajectory_id, f"failed: {exc.cause}"))
         reason = lp.RELEASE_REASON_TIMEOUT if exc.status == TIMEOUT else lp.RELEASE_REASON_INFRA_FAILURE
         if ep.lease is not None:
-            await self.m.release(ep.lease, self.holder, reason, str(exc)[:1000])
+            await self.m.release(ep.lease, self.holder, reason, str(exc)[:1000], ep.tokens_generated)
 
     async def _aborted(self, ep: Episode) -> None:
-        """The trajectory was aborted: stop its generation, give the lease back (not for an expired one)."""
+        """The trajectory was aborted: stop its generation, give the lease back (an expired one: only its tokens)."""
         kind = ep.abort_kind or "shutdown"
         self.counters.trajectories += 1
         self.counters.cancelled += 1
@@ -518,7 +520,7 @@ class Loop:
         log.info("trajectory aborted", extra=log_fields(trajectory_id=ep.trajectory_id, kind=kind,
                                                          reason=ep.abort_reason, lease_id=ep.lease_id))
         if ep.lease is not None and kind in RELEASE_FOR:
-            await self.m.release(ep.lease, self.holder, RELEASE_FOR[kind], ep.abort_reason[:1000])
+            await self.m.release(ep.lease, self.holder, RELEASE_FOR[kind], ep.abort_reason[:1000], ep.tokens_generated)
 
 
 class Manager:
@@ -591,11 +593,14 @@ class Manager:
             await asyncio.sleep(min(max(secs(resp.retry_after), 0.05), 1.0))
         return None
 
-    async def release(self, lease: lp.Lease, holder: str, reason: int, cause: str) -> None:
+    async def release(self, lease: lp.Lease, holder: str, reason: int, cause: str, tokens: int = 0) -> None:
+        """Gives the lease back; ``tokens`` generated for the abandoned trajectory go into the job's generation
+        accounting (the ledger counts them once per lease, also for a lease it had cancelled or expired)."""
         try:
             stub = await self._ledger()
             await stub.ReleaseLease(lp.ReleaseLeaseRequest(lease_id=lease.lease_id, holder=holder, reason=reason,
-                                                           cause=cause), timeout=self.cfg.rpc_timeout_seconds)
+                                                           cause=cause, generated_tokens=tokens),
+                                    timeout=self.cfg.rpc_timeout_seconds)
         except (aio.AioRpcError, LedgerError) as exc:
             # The lease then expires by itself and goes back to the pool.
             log.warning("release failed: %s", exc, extra=log_fields(lease_id=lease.lease_id))
