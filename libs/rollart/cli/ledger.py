@@ -171,4 +171,12 @@ def render(st: Any) -> str:
         f"{k.removeprefix('REJECTION_REASON_').lower()} {v}" for k, v in sorted(s.rejected.items())
     )
     lines.append(f"SETTLED  admitted {s.admitted}  duplicates {s.duplicates}  rejected: {rejected or 'none'}")
+    a = st.accounting
+    fates = ("trained", "evicted", "cancelled", "rejected", "failed")
+    generated = sum(getattr(a, f).tokens for f in fates)
+    lines.append(
+        "GENERATED  "
+        + "  ".join(f"{f} {getattr(a, f).samples} ({getattr(a, f).tokens} tok)" for f in fates)
+        + f"   wasted {a.wasted_token_fraction:.1%} of {generated} tokens"
+    )
     return "\n".join(lines)
