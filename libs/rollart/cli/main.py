@@ -34,10 +34,6 @@ PLUGINS = [
     ("rollart.cli.ledger", "add_subparsers"),
     ("rollart.job.run", "add_subparsers"),
 ]
-# Commands whose code lives in a service package that may pull torch: imported only when used.
-LAZY_COMMANDS = {
-    "model": ("rollart_actor.tiny_model", "add_subparsers", "the actor service (pip install ./services/actor)"),
-}
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -215,17 +211,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    # A lazy command imports its (possibly heavy) module only when it is the one being run.
-    if argv and argv[0] in LAZY_COMMANDS:
-        module, attr, what = LAZY_COMMANDS[argv[0]]
-        try:
-            mod = importlib.import_module(module)
-        except ImportError as exc:
-            sys.exit(f"rollart {argv[0]}: needs {what}: {exc}")
-        parser = argparse.ArgumentParser(prog="rollart")
-        getattr(mod, attr)(parser.add_subparsers(dest="command", required=True))
-        args = parser.parse_args(argv)
-        sys.exit(args.func(args) or 0)
     args = build_parser().parse_args(argv)
     sys.exit(args.func(args) or 0)
 

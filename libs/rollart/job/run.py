@@ -1,7 +1,7 @@
 """``rollart run JOB.yaml``: train one job on a local cluster, from nothing to a reward curve.
 
 1. prepares the model (``job.model: tiny`` builds the warm-started tiny model of the ``model`` section with
-   ``python -m rollart_trainer.warmstart``, cached by recipe);
+   ``rollart-devtools warmstart``, cached by recipe);
 2. starts a private local cluster (``rollart up`` with two actors by default: redis, the Mooncake master,
    resource manager, ledger, relay, trainer, reward, actors, LLMProxy, envmanager) in ``<out>/cluster``;
 3. starts the job on the trainer and the environment loops on the envmanager;
@@ -11,7 +11,7 @@
    ``<out>/metrics.jsonl`` (one line per step), ``<out>/reward.png`` and ``<out>/summary.json``, and stops
    every process it started.
 
-torch-free: the model is built by a child process of the trainer package.
+torch-free: the model is built by a child process (the ``rollart-devtools`` console script).
 """
 
 from __future__ import annotations
@@ -88,7 +88,10 @@ def prepare_model(model_section: dict[str, Any], out_root: Path, log: TextIO) ->
     recipe = {k: v for k, v in model_section.items() if k != "builder"}
     name = str(recipe.pop("name", "tiny-" + str(recipe.get("warm_start", "plain"))))
     out = Path(str(recipe.pop("dir", ""))) if recipe.get("dir") else out_root / "models" / name
-    argv = [sys.executable, "-m", "rollart_trainer.warmstart", "--out", str(out)]
+    devtools = local.find_script("rollart-devtools")
+    if devtools is None:
+        raise ProcessError("building the model needs rollart-devtools (pip install -e tools; `make setup` does)")
+    argv = [devtools, "warmstart", "--out", str(out)]
     flags = {
         "warm_start": "--task",
         "episodes": "--episodes",

@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +34,9 @@ class ServiceSpec:
     # Instances started by default (`up(replicas=...)` overrides); the first is named `name`, the others
     # `name-2`, `name-3`, ...
     replicas: int = 1
+    # Run before each instance starts, with the cluster's state and the instance's environment (e.g. build
+    # the model an actor is told to serve when it is not there yet).
+    prepare: Callable[[dict, dict[str, str], Callable[[str], None]], None] | None = None
 
 
 # Start order: discovery first, then the ledger (everyone settles with it), then the rest.
@@ -45,8 +49,14 @@ SERVICES: list[ServiceSpec] = [
     # StartJob (`rollart run`); a restarted trainer resumes the job kept in its work dir.
     ServiceSpec("trainer", "rollart-trainer", extra_env=lambda st: _trainer_env(st), ready_timeout=180.0),
     ServiceSpec("reward", "rollart-reward", redis_db=2),  # idempotency cache: first answers survive restarts
-    # Serves ROLLART_MODEL when set, else the tiny test model built into the state dir on first start.
-    ServiceSpec("actor", "rollart-actor", extra_env=lambda st: _actor_env(st), ready_timeout=600.0),
+    # Serves ROLLART_MODEL when set, else the tiny test model, built into the state dir before the first start.
+    ServiceSpec(
+        "actor",
+        "rollart-actor",
+        extra_env=lambda st: _actor_env(st),
+        ready_timeout=600.0,
+        prepare=lambda st, env, log: _default_model(st, env, log),
+    ),
     # The OpenAI-compatible HTTP API on a free port (its base URL lands in the state from the ready file); it
     # follows the ledger's step plans when a ledger runs.
     ServiceSpec("llmproxy", "rollart-llmproxy", extra_env=lambda st: _llmproxy_env(st)),
@@ -73,7 +83,7 @@ def _llmproxy_env(state: dict) -> dict[str, str]:
 def _actor_env(state: dict) -> dict[str, str]:
     env = {"ROLLART_VLLM_CACHE_DIR": f"{state['state_dir']}/vllm-cache"}
     if not os.environ.get("ROLLART_MODEL"):
-        env.update(ROLLART_MODEL=f"{state['state_dir']}/models/tiny", ROLLART_BUILD_TINY_MODEL="true")
+        env["ROLLART_MODEL"] = str(_tiny_model_dir(state))
     ledger = state.get("services", {}).get("ledger")
     if ledger:
         env["ROLLART_LEDGER"] = ledger["address"]
@@ -83,6 +93,38 @@ def _actor_env(state: dict) -> dict[str, str]:
         if "trainer" in running:
             env["ROLLART_WEIGHT_SOURCE__FALLBACK_ENDPOINTS"] = json.dumps([running["trainer"]["address"]])
     return env
+
+
+def _tiny_model_dir(state: dict) -> Path:
+    return Path(state["state_dir"]) / "models" / "tiny"
+
+
+def _default_model(state: dict, env: dict[str, str], log: Callable[[str], None]) -> None:
+    """Build the tiny test model when the actor is to serve it and it is not there yet (services only ever
+    receive a model path; the developer tooling builds models)."""
+    out = _tiny_model_dir(state)
+    if Path(env.get("ROLLART_MODEL", "")) != out or (out / "config.json").is_file():
+        return
+    build_tiny_model(out, log)
+
+
+def build_tiny_model(out: Path, log: Callable[[str], None] = print) -> None:
+    """``rollart-devtools tiny-model`` (seeded random weights) into ``out``, whole or not at all."""
+    script = find_script("rollart-devtools")
+    if script is None:
+        raise ProcessError(
+            "the actor has no model: set ROLLART_MODEL to a checkpoint directory, or install rollart-devtools "
+            "(`make setup`) to build the tiny test model"
+        )
+    log(f"{'model':<16} building the tiny test model in {out}")
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    argv = [script, "tiny-model", "--out", str(tmp), "--pretrain-steps", "0", "--seed", "0"]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ProcessError(f"building the tiny model failed:\n{proc.stderr[-3000:]}")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
 
 
 def _trainer_env(state: dict) -> dict[str, str]:
@@ -228,6 +270,8 @@ def up(
             if spec.extra_env is not None:
                 env.update(spec.extra_env(state))
             env.update((env_overrides or {}).get(spec.name, {}))
+            if spec.prepare is not None:
+                spec.prepare(state, env, log)
             # What this instance got on top of our environment: restart() starts it again the same way.
             overlay = {k: v for k, v in env.items() if k.startswith("ROLLART_") or os.environ.get(k) != v}
             proc = ManagedProcess(

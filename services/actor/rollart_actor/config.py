@@ -55,12 +55,9 @@ class ActorConfig(WeightPlaneConfig):
     listen: str = "127.0.0.1:50055"
 
     # ---- model ----
-    # Hugging Face checkpoint directory (or a model name the engine can load offline).
+    # Hugging Face checkpoint directory (or a model name the engine can load offline). The actor never builds
+    # one: `rollart-devtools tiny-model --out DIR` does (and `rollart up` runs it when no model is given).
     model: str | None = None
-    # Build the tiny test model (`rollart model tiny`) at `model` when that folder holds no config.json.
-    build_tiny_model: bool = False
-    tiny_model_pretrain_steps: int = Field(0, ge=0)
-    tiny_model_seed: int = 0
     # Name reported to clients (default: the model path's last component).
     served_model_name: str | None = None
     # Version and h(v) of the weights in `model` (a trainer's version-0 export, or a later full checkpoint).
@@ -163,7 +160,9 @@ class ActorConfig(WeightPlaneConfig):
     @model_validator(mode="after")
     def _needs_model(self) -> "ActorConfig":
         if not self.model:
-            raise ValueError("model is required (a checkpoint directory; `rollart model tiny --out DIR` builds one)")
+            raise ValueError(
+                "model is required (a checkpoint directory; `rollart-devtools tiny-model --out DIR` builds one)"
+            )
         return self
 
     def initial_hash(self) -> bytes | None:

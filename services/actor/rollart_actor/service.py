@@ -162,13 +162,6 @@ class ActorService(actor_pb2_grpc.ActorServicer):
     async def start(self) -> None:
         cfg = self.cfg
         model = Path(str(cfg.model))
-        if cfg.build_tiny_model and not (model / "config.json").is_file():
-            from .tiny_model import build_tiny_model
-
-            log.info("building the tiny model at %s", model)
-            await asyncio.to_thread(
-                build_tiny_model, model, seed=cfg.tiny_model_seed, pretrain_steps=cfg.tiny_model_pretrain_steps
-            )
         if not model.exists():
             raise SystemExit(f"rollart-actor: model {model} does not exist")
         try:

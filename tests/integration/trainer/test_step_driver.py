@@ -39,7 +39,7 @@ VOCAB = 512
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rollart_actor.tiny_model import build_tiny_model
+    from rollart_devtools.tiny_model import build_tiny_model
 
     out = tmp_path_factory.mktemp("drv") / "tiny"
     build_tiny_model(out, layers=2, hidden=128, vocab_size=VOCAB, seed=0, pretrain_steps=0)

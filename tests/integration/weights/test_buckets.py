@@ -124,11 +124,11 @@ def reader(master):
 
 @pytest.fixture(scope="module")
 def tiny_qwen3(tmp_path_factory) -> Path:
-    if importlib.util.find_spec("rollart_actor") is None or importlib.util.find_spec("torch") is None:
-        pytest.skip("the tiny Qwen3 builder needs the actor package and torch")
+    if importlib.util.find_spec("rollart_devtools") is None or importlib.util.find_spec("torch") is None:
+        pytest.skip("the tiny Qwen3 builder needs rollart-devtools and torch")
     out = tmp_path_factory.mktemp("tiny-qwen3")
     proc = subprocess.run(
-        [sys.executable, "-m", "rollart_actor.tiny_model", "--out", str(out), "--pretrain-steps", "0"],
+        [str(Path(sys.executable).parent / "rollart-devtools"), "tiny-model", "--out", str(out), "--pretrain-steps", "0"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -280,7 +280,7 @@ async def test_delta_for_the_wrong_base_is_rejected_and_weights_untouched(servic
 async def test_real_tiny_qwen3_after_optimizer_steps(services, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from rollart.delta import load_safetensors
-    from rollart_actor.tiny_model import build_tiny_model
+    from rollart_devtools.tiny_model import build_tiny_model
 
     small = {"layers": 2, "hidden": 128, "vocab_size": 512}
     build_tiny_model(tmp_path / "v0", seed=0, pretrain_steps=0, **small)

@@ -13,8 +13,8 @@ pytest.importorskip("vllm")
 from safetensors.torch import save, save_file  # noqa: E402
 from torch import nn  # noqa: E402
 
-from rollart_actor.engine_probe import fuse_like_engine  # noqa: E402
 from rollart_actor.vllm_ext import WeightUpdateError, _ModelIndex, load_payload  # noqa: E402
+from rollart_devtools.engine_probe import fuse_like_engine  # noqa: E402
 
 H, Q, KV, FF, V = 8, 8, 4, 12, 16
 

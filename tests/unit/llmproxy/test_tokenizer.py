@@ -7,7 +7,7 @@ import pytest
 from rollart.v1 import common_pb2
 from rollart_llmproxy.tokenizer import LocalTokenizer
 
-tiny = pytest.importorskip("rollart_actor.tiny_model")
+tiny = pytest.importorskip("rollart_devtools.tiny_model")
 pytest.importorskip("transformers")
 
 

@@ -13,7 +13,7 @@ SMALL = {"layers": 2, "hidden": 128, "vocab_size": 512}
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("torch")
-    from rollart_actor.tiny_model import build_tiny_model
+    from rollart_devtools.tiny_model import build_tiny_model
 
     out = tmp_path_factory.mktemp("trainer-model") / "tiny"
     build_tiny_model(out, seed=0, pretrain_steps=0, **SMALL)
@@ -23,7 +23,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_tied_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("torch")
-    from rollart_actor.tiny_model import build_tiny_model
+    from rollart_devtools.tiny_model import build_tiny_model
 
     out = tmp_path_factory.mktemp("trainer-model-tied") / "tiny"
     build_tiny_model(out, seed=1, pretrain_steps=0, tie_embeddings=True, **SMALL)

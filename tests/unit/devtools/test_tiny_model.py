@@ -1,4 +1,4 @@
-"""`rollart model tiny`: tokenizer, chat template, checkpoint layout, determinism, CLI wiring."""
+"""`rollart-devtools tiny-model`: tokenizer, chat template, checkpoint layout, determinism, CLI wiring."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from rollart_actor import tiny_model  # noqa: E402
-from rollart_actor.tiny_model import (  # noqa: E402
+from rollart_devtools import cli, tiny_model  # noqa: E402
+from rollart_devtools.tiny_model import (  # noqa: E402
     CHAT_TEMPLATE,
     ENDOFTEXT,
     IM_END,
@@ -96,7 +96,7 @@ def test_chat_template_matches_qwen_format(tokenizer) -> None:
         "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n"
         "<|im_start|>assistant\n\\boxed{5}<|im_end|>\n"
     )
-    assert rendered == tiny_model._render_chat(msgs)  # the corpus uses the same format
+    assert rendered == tiny_model.render_chat(msgs)  # the corpus uses the same format
     prompt = tokenizer.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
     assert prompt.endswith("<|im_end|>\n<|im_start|>assistant\n")
     # OpenAI-style content parts render like plain strings.
@@ -179,41 +179,35 @@ def test_bad_dimensions_are_rejected(tmp_path: Path) -> None:
         build_tiny_model(tmp_path / "c", vocab_size=100)
 
 
-def test_cli_subcommand_registration() -> None:
-    parser = argparse.ArgumentParser(prog="rollart")
-    tiny_model.add_subparsers(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(
-        "model tiny --out /x --layers 2 --hidden 128 --vocab 512 --seed 3 --pretrain-steps 0".split()
+def test_cli_subcommand_registration(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["tiny-model", "--help"])
+    assert "--pretrain-steps" in capsys.readouterr().out
+    parser = argparse.ArgumentParser(prog="rollart-devtools")
+    tiny_model.add_arguments(parser)
+    args = parser.parse_args("--out /x --layers 2 --hidden 128 --vocab 512 --seed 3 --pretrain-steps 0".split())
+    assert (args.out, args.layers, args.hidden, args.vocab, args.seed, args.pretrain_steps) == (
+        "/x",
+        2,
+        128,
+        512,
+        3,
+        0,
     )
-    assert (
-        args.command,
-        args.model_command,
-        args.out,
-        args.layers,
-        args.hidden,
-        args.vocab,
-        args.seed,
-        args.pretrain_steps,
-    ) == ("model", "tiny", "/x", 2, 128, 512, 3, 0)
-    assert args.func is tiny_model.run_tiny
-    defaults = parser.parse_args(["model", "tiny", "--out", "/y"])
+    assert args.func is tiny_model.run
+    defaults = parser.parse_args(["--out", "/y"])
     assert defaults.pretrain_steps == tiny_model.DEFAULT_PRETRAIN_STEPS and defaults.vocab == 1024
 
 
-def test_python_m_entry_point_and_lazy_imports(tmp_path: Path) -> None:
-    import os
-
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    # Importing the module (what the rollart CLI does to register the command) must not import torch.
-    probe = (
-        "import sys, rollart_actor.tiny_model; print('torch' in sys.modules, 'transformers' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+def test_console_script_and_lazy_imports(tmp_path: Path) -> None:
+    # Importing the tooling's command line must not import torch (a cached warm start answers at once).
+    probe = "import sys, rollart_devtools.cli; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+    script = Path(sys.executable).parent / "rollart-devtools"
     res = subprocess.run(
-        [sys.executable, "-m", "rollart_actor.tiny_model", "--out", str(tmp_path / "cli")]
+        [str(script), "tiny-model", "--out", str(tmp_path / "cli")]
         + "--layers 1 --hidden 64 --vocab 512 --pretrain-steps 0".split(),
-        env=env,
         capture_output=True,
         text=True,
         timeout=120,

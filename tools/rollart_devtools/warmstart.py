@@ -1,16 +1,18 @@
-"""A task-specific warm start for the tiny model: ``python -m rollart_trainer.warmstart --task frozenlake``.
+"""A task-specific warm start for the tiny model: ``rollart-devtools warmstart --task frozenlake --out DIR``.
 
 RL needs a policy that sometimes succeeds: GRPO learns nothing from groups whose rewards are all equal.
-This builds the tiny Qwen3 (``rollart_actor.tiny_model``) with a tokenizer trained on, and a supervised
-warm start (loss on the assistant's tokens only) on, dialogs of the real environment (gymnasium FrozenLake
-through the envmanager's text wrapper, rendered with the model's chat template exactly as the envmanager
-frames turns), played by a *noisy* expert: each move is a shortest-path move with probability
-``p_expert``, else a uniformly random direction (walls and holes included). The imitating policy reaches
-the goal only sometimes (about 9% of episodes at p = 0.4, 8 turns, 300 steps, on the default 4x4 map,
-against 11.5% for the expert it imitates); RL then has to learn, state by state, which moves to prefer.
+This builds the tiny Qwen3 (:mod:`rollart_devtools.tiny_model`) with a tokenizer trained on, and a supervised
+warm start (loss on the assistant's tokens only) on, dialogs of the real environment (gymnasium FrozenLake,
+rendered as the envmanager's text wrapper ``gymnasium:FrozenLake-v1`` renders it, then with the model's chat
+template exactly as the envmanager frames turns), played by a *noisy* expert: each move is a shortest-path
+move with probability ``p_expert``, else a uniformly random direction (walls and holes included). The
+imitating policy reaches the goal only sometimes (about 9% of episodes at p = 0.4, 8 turns, 300 steps, on
+the default 4x4 map, against 11.5% for the expert it imitates); RL then has to learn, state by state, which
+moves to prefer.
 
-The output is a normal checkpoint directory (what ``rollart model tiny`` writes) plus ``warmstart.json``
-with the recipe; building with the same recipe again is skipped (``--force`` rebuilds).
+The output is a normal checkpoint directory (what ``rollart-devtools tiny-model`` writes) plus
+``warmstart.json`` with the recipe; building with the same recipe again is skipped (``--force`` rebuilds).
+torch and transformers are imported only when a model is built: a cached build answers in a moment.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import hashlib
 import json
 import math
 import random
-import sys
+import time
 from collections import deque
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import gymnasium as gym
+
+from .tiny_model import build_tiny_model, render_chat
 
 ACTIONS = ("left", "down", "right", "up")
 _MOVES = {0: (0, -1), 1: (1, 0), 2: (0, 1), 3: (-1, 0)}
@@ -60,14 +65,67 @@ def expert_moves(desc: list[list[str]], row: int, col: int) -> list[int]:
     return out
 
 
+# The envmanager's text wrapper of FrozenLake (``gymnasium:FrozenLake-v1``), word for word: the dialogs the
+# policy is warm-started on must be the ones it later sees. tests/unit/devtools/test_warmstart.py plays both
+# side by side and fails when they differ.
+SYSTEM_PROMPT = "You are walking on a frozen lake. Answer with one move: left, down, right or up."
+_TRUE = {"1", "true", "yes", "on"}
+
+
+class FrozenLakeText:
+    """gymnasium's FrozenLake with the grid as text in and a move (an index into ``ACTIONS``) out."""
+
+    system_prompt = SYSTEM_PROMPT
+
+    def __init__(self, **options: str) -> None:
+        kwargs: dict[str, Any] = {"is_slippery": str(options.get("is_slippery", False)).strip().lower() in _TRUE}
+        desc = options.get("desc")
+        if desc:
+            kwargs["desc"] = [r.strip() for r in str(desc).split(",") if r.strip()]
+        else:
+            kwargs["map_name"] = str(options.get("map_name", "4x4"))
+        self.env = gym.make("FrozenLake-v1", **kwargs)
+        self.desc = [[c.decode() for c in row] for row in self.env.unwrapped.desc]
+        self.ncol = len(self.desc[0])
+        self.state = 0
+
+    def grid(self) -> str:
+        row, col = divmod(self.state, self.ncol)
+        lines = []
+        for r, cells in enumerate(self.desc):
+            lines.append(" ".join("P" if (r, c) == (row, col) else cell for c, cell in enumerate(cells)))
+        return "\n".join(lines)
+
+    def reset(self, seed: int) -> str:
+        state, _ = self.env.reset(seed=seed)
+        self.state = int(state)
+        return (
+            "Frozen lake: S start, F frozen (safe), H hole (you fall in and lose), G goal, P you.\n"
+            f"{self.grid()}\n"
+            "Reach G without stepping into a hole. Answer with one move: left, down, right or up."
+        )
+
+    def step(self, move: int) -> tuple[str, float, bool]:
+        """(observation, reward, done) after ``move``."""
+        state, reward, terminated, truncated, _ = self.env.step(move)
+        self.state = int(state)
+        row, col = divmod(self.state, self.ncol)
+        cell = self.desc[row][col]
+        if cell == "G":
+            text = f"You moved {ACTIONS[move]} and reached the goal!"
+        elif cell == "H":
+            text = f"You moved {ACTIONS[move]} and fell into a hole."
+        else:
+            text = f"You moved {ACTIONS[move]}.\n{self.grid()}"
+        return text, float(reward), bool(terminated or truncated)
+
+
 def frozenlake_dialogs(
     episodes: int, *, p_expert: float, max_turns: int, options: dict[str, str], seed: int
 ) -> tuple[list[list[dict[str, str]]], float]:
     """Multi-turn dialogs (chat messages) of the noisy expert and its success rate."""
-    from rollart_envmanager.envs.gymnasium_env import FrozenLakeTextEnv
-
     rng = random.Random(seed)
-    env = FrozenLakeTextEnv(**options)
+    env = FrozenLakeText(**options)
     wins = 0
     docs = []
     for ep in range(episodes):
@@ -78,11 +136,11 @@ def frozenlake_dialogs(
             best = expert_moves(env.desc, row, col)
             move = rng.choice(best) if best and rng.random() < p_expert else rng.randrange(4)
             msgs.append({"role": "assistant", "content": ACTIONS[move]})
-            res = env.step(ACTIONS[move])
-            if res.done:
-                wins += res.reward > 0
+            observation, reward, done = env.step(move)
+            if done:
+                wins += reward > 0
                 break
-            msgs.append({"role": "user", "content": res.observation})
+            msgs.append({"role": "user", "content": observation})
         docs.append(msgs)
     return docs, wins / max(episodes, 1)
 
@@ -90,8 +148,6 @@ def frozenlake_dialogs(
 def _encode(tokenizer: Any, msgs: list[dict[str, str]]) -> tuple[list[int], list[bool]]:
     """Token ids of a dialog as the chat template renders it, and which tokens the assistant wrote (its
     content and the end-of-turn token that stops it): the envmanager's token history of an episode."""
-    from rollart_actor.tiny_model import _render_chat
-
     ids: list[int] = []
     mask: list[bool] = []
     for m in msgs:
@@ -100,7 +156,7 @@ def _encode(tokenizer: Any, msgs: list[dict[str, str]]) -> tuple[list[int], list
         tail = tokenizer("\n", add_special_tokens=False)["input_ids"]
         ids += head + body + tail
         mask += [False] * len(head) + [m["role"] == "assistant"] * len(body) + [False] * len(tail)
-    assert tokenizer.decode(ids) == _render_chat(msgs)
+    assert tokenizer.decode(ids) == render_chat(msgs)
     return ids, mask
 
 
@@ -197,10 +253,6 @@ def build(
         with_recipe = json.loads(marker.read_text())
         if with_recipe.get("recipe_sha256") == digest:
             return with_recipe | {"cached": True}
-    import time
-
-    from rollart_actor.tiny_model import _render_chat, build_tiny_model
-
     t0 = time.perf_counter()
     dialogs, success = frozenlake_dialogs(
         episodes, p_expert=p_expert, max_turns=max_turns, options=options or {}, seed=seed
@@ -212,7 +264,7 @@ def build(
         hidden=hidden,
         vocab_size=vocab,
         seed=seed,
-        corpus=[_render_chat(d) for d in dialogs],
+        corpus=[render_chat(d) for d in dialogs],
         pretrain_steps=0,
         intermediate=3 * hidden,
     )
@@ -232,8 +284,8 @@ def build(
     return doc
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rollart_trainer.warmstart", description=__doc__.split("\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``rollart-devtools warmstart`` arguments."""
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--task", default="frozenlake")
     p.add_argument("--episodes", type=int, default=3000)
@@ -246,7 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--pretrain-steps", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true")
-    a = p.parse_args(argv)
+    p.set_defaults(func=run)
+
+
+def run(a: argparse.Namespace) -> int:
     options = dict(kv.split("=", 1) for kv in a.option)
     doc = build(
         a.out,
@@ -264,7 +319,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(json.dumps(doc, indent=2, sort_keys=True))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
