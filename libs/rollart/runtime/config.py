@@ -110,6 +110,9 @@ class ServiceConfig(StrictModel):
     ready_file: Path | None = None
     # Name reported in logs, metrics and traces (defaults to the service's name).
     instance_name: str | None = None
+    # Largest request (bytes) the gRPC server accepts; None: the service's own default, sized to its largest
+    # legitimate request (see the service's doc). Larger requests get RESOURCE_EXHAUSTED before they are read.
+    max_receive_message_bytes: int | None = Field(None, ge=64 * 1024, le=1024 * 1024 * 1024)
 
     @field_validator("listen", "resource_manager")
     @classmethod

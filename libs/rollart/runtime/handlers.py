@@ -74,10 +74,19 @@ async def _end_with_status(context: aio.ServicerContext, exc: Exception) -> None
     await errors.abort(context, exc)
 
 
-def wrap(handler: grpc.RpcMethodHandler, unary: UnaryAround, stream: StreamAround) -> grpc.RpcMethodHandler:
+def _unparsed(data: bytes) -> None:
+    """Deserializer of a call that is refused before its request is read: the bytes are dropped unparsed."""
+    return None
+
+
+def wrap(
+    handler: grpc.RpcMethodHandler, unary: UnaryAround, stream: StreamAround, parse: bool = True
+) -> grpc.RpcMethodHandler:
     """A handler of the same kind whose behaviour runs through ``unary`` or ``stream``.
 
-    Requests that fail to parse end the call with INVALID_ARGUMENT before the service sees them. A
+    Requests that fail to parse end the call with INVALID_ARGUMENT before the service sees them. With
+    ``parse=False`` the request bytes are never deserialised (the behaviour must not read the request): a refused
+    call then costs no memory beyond the bytes gRPC already received, whatever the message holds. A
     ``rollart.runtime.errors.ServiceError`` (or known library error) the behaviour raises ends the call with its
     status.
     """
@@ -119,13 +128,17 @@ def wrap(handler: grpc.RpcMethodHandler, unary: UnaryAround, stream: StreamAroun
         new = call_unary
     return _factory(handler)(
         new,
-        request_deserializer=_lenient(handler.request_deserializer),
+        request_deserializer=_lenient(handler.request_deserializer) if parse else _unparsed,
         response_serializer=handler.response_serializer,
     )
 
 
 def aborting(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler:
-    """A handler of the same kind that ends the call with ``code`` before touching the service."""
+    """A handler of the same kind that ends the call with ``code`` before touching the service.
+
+    The request is never deserialised (a token-less 20 MB message costs no parse memory), and a streaming
+    request is never read.
+    """
 
     async def unary(request: Any, context: aio.ServicerContext, run: Any) -> Any:
         await context.abort(code, details)
@@ -134,4 +147,4 @@ def aborting(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str
         await context.abort(code, details)
         yield  # pragma: no cover - unreachable, makes this an async generator
 
-    return wrap(handler, unary, stream)
+    return wrap(handler, unary, stream, parse=False)

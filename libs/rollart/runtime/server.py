@@ -31,14 +31,44 @@ from .handlers import wrap
 
 log = logging.getLogger(__name__)
 
+
+class _PeerGoneFilter(logging.Filter):
+    """grpc logs ``ExecuteBatchError`` with a traceback at ERROR when a stream's client cancels (or its deadline
+    passes) while the server is sending: that is the client leaving, not a server fault. Demoted to one INFO
+    line without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and str(record.msg).startswith("ExecuteBatchError raised in core"):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args, record.exc_info, record.exc_text = (
+                "stream ended by its client while a response was being sent",
+                (),
+                None,
+                None,
+            )
+        return True
+
+
+logging.getLogger("grpc._cython.cygrpc").addFilter(_PeerGoneFilter())
+
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Receive limit of a service that declares none (gRPC's own default). A request over its service's limit is
+#: refused with RESOURCE_EXHAUSTED before it is read; the limit bounds what any caller, authenticated or not,
+#: can make a service hold for one request.
+DEFAULT_MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
 ]
+
+
+def receive_limit(service: Any, cfg: ServiceConfig) -> int:
+    """The service's maximum request size in bytes: ``max_receive_message_bytes`` from the configuration, else
+    the service's own ``max_receive_message_bytes`` (sized to its largest legitimate request), else 4 MiB."""
+    configured = getattr(cfg, "max_receive_message_bytes", None)
+    return int(configured or getattr(service, "max_receive_message_bytes", DEFAULT_MAX_RECEIVE_BYTES))
 
 
 class Service(Protocol):
@@ -57,6 +87,8 @@ class Service(Protocol):
 
     # Optional: ``async def on_serving(self, address: str) -> None`` runs once the server accepts calls (e.g. to
     # register with the resource manager under the bound address).
+    # Optional: ``max_receive_message_bytes: int``, the largest request the service accepts (default 4 MiB);
+    # the ``max_receive_message_bytes`` configuration key overrides it.
 
 
 def _code_of(exc: BaseException | None, context_: aio.ServicerContext) -> str:
@@ -66,7 +98,7 @@ def _code_of(exc: BaseException | None, context_: aio.ServicerContext) -> str:
     if isinstance(exc, aio.AbortError):
         code = context_.code()
         return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
-    if isinstance(exc, asyncio.CancelledError):
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):  # GeneratorExit: a stream closed unfinished
         return "CANCELLED"
     return "UNKNOWN"
 
@@ -86,20 +118,17 @@ class TelemetryInterceptor(aio.ServerInterceptor):
         parent = telemetry.extract_context(details.invocation_metadata)
         labels = (self.service, method)
 
-        def begin():
-            token = context.attach(parent)
-            span = self.tracer.start_span(method, kind=SpanKind.SERVER)
+        def begin() -> tuple[Any, context.Context, telemetry.Stopwatch]:
+            span = self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER)
             span.set_attribute("rpc.system", "grpc")
             span.set_attribute("rpc.method", method)
-            tid = telemetry.current_trajectory_id()
+            tid = telemetry.current_trajectory_id(parent)
             if tid:
                 span.set_attribute("rollart.trajectory_id", tid)
-            span_token = context.attach(trace.set_span_in_context(span))
             telemetry.RPC_IN_FLIGHT.labels(self.service).inc()
-            return token, span, span_token, telemetry.Stopwatch()
+            return span, trace.set_span_in_context(span, parent), telemetry.Stopwatch()
 
-        def end(state, exc, ctx):
-            token, span, span_token, watch = state
+        def end(span: Any, watch: telemetry.Stopwatch, exc: BaseException | None, ctx: aio.ServicerContext) -> None:
             code = _code_of(exc, ctx)
             telemetry.RPC_IN_FLIGHT.labels(self.service).dec()
             telemetry.RPC_TOTAL.labels(*labels, code).inc()
@@ -108,31 +137,48 @@ class TelemetryInterceptor(aio.ServerInterceptor):
             if code != "OK":
                 span.set_status(Status(StatusCode.ERROR, code))
             span.end()
-            context.detach(span_token)
-            context.detach(token)
 
         async def unary(request: Any, ctx: aio.ServicerContext, run):
-            state = begin()
+            span, span_ctx, watch = begin()
             exc: BaseException | None = None
+            token = context.attach(span_ctx)  # detached below, in this same task and step
             try:
                 return await run()
             except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
                 exc = e
                 raise
             finally:
-                end(state, exc, ctx)
+                context.detach(token)
+                end(span, watch, exc, ctx)
 
         async def stream(request: Any, ctx: aio.ServicerContext, run) -> AsyncIterator[Any]:
-            state = begin()
+            # The span's context is attached around each step of the service's generator, never across a
+            # ``yield``: a cancelled stream's generator is closed later by the event loop's finaliser in another
+            # task (another contextvars Context), where detaching a token attached here would fail ("Failed to
+            # detach context", logged as an ERROR with a traceback).
+            span, span_ctx, watch = begin()
             exc: BaseException | None = None
+            items = run()
             try:
-                async for item in run():
+                while True:
+                    token = context.attach(span_ctx)
+                    try:
+                        item = await items.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    finally:
+                        context.detach(token)
                     yield item
             except BaseException as e:  # noqa: BLE001
                 exc = e
                 raise
             finally:
-                end(state, exc, ctx)
+                token = context.attach(span_ctx)
+                try:
+                    await items.aclose()
+                finally:
+                    context.detach(token)
+                    end(span, watch, exc, ctx)
 
         return wrap(handler, unary, stream)
 
@@ -152,7 +198,8 @@ async def serve(service: Service, cfg: ServiceConfig, stop_event: asyncio.Event 
     elif cfg.insecure_disable_auth:
         log.warning("authentication disabled (insecure_disable_auth): every caller is trusted")
 
-    server = aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
+    options = [*SERVER_OPTIONS, ("grpc.max_receive_message_length", receive_limit(service, cfg))]
+    server = aio.server(interceptors=interceptors, options=options)
     service.add_to_server(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

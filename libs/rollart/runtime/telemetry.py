@@ -178,8 +178,9 @@ def tracer(name: str = "rollart") -> trace.Tracer:
     return trace.get_tracer(name)
 
 
-def current_trajectory_id() -> str | None:
-    value = baggage.get_baggage(TRAJECTORY_BAGGAGE_KEY)
+def current_trajectory_id(ctx: context.Context | None = None) -> str | None:
+    """The trajectory id in ``ctx``'s baggage (default: the current context)."""
+    value = baggage.get_baggage(TRAJECTORY_BAGGAGE_KEY, ctx)
     return str(value) if value else None
 
 
