@@ -245,3 +245,23 @@ async def abort(context: aio.ServicerContext, exc: BaseException) -> None:
         raise exc
     code, details, trailing = status
     await context.abort(code, details, trailing_metadata=trailing)
+
+
+async def _through_unary(request: object, context: aio.ServicerContext, run):  # type: ignore[no-untyped-def]
+    return await run()
+
+
+async def _through_stream(request: object, context: aio.ServicerContext, run):  # type: ignore[no-untyped-def]
+    async for item in run():
+        yield item
+
+
+class StatusInterceptor(aio.ServerInterceptor):
+    """Applies this mapping on a gRPC server not built by ``rollart.runtime.server.serve`` (whose telemetry
+    interceptor already does), e.g. the publisher's standalone Relay endpoint."""
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):  # type: ignore[no-untyped-def]
+        from .handlers import wrap  # handlers imports this module
+
+        handler = await continuation(details)
+        return None if handler is None else wrap(handler, _through_unary, _through_stream)

@@ -23,12 +23,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import Counter, Gauge
 
 from rollart.delta import segment as sg
 from rollart.delta.errors import DeltaError
+from rollart.runtime import timeutil
 from rollart.v1 import common_pb2, relay_pb2
 
 from . import transport as tp
@@ -50,11 +50,7 @@ class HubError(Exception):
 
 
 def _ts(seconds: float | None) -> Timestamp | None:
-    if seconds is None:
-        return None
-    t = Timestamp()
-    t.FromNanoseconds(int(seconds * 1e9))
-    return t
+    return None if seconds is None else timeutil.timestamp(seconds)
 
 
 # --------------------------------------------------------------------------------------------------- buffers
@@ -762,7 +758,7 @@ class DeltaHub:
             mode=sub.mode,
             catch_up_versions=catch_up,
             needs_checkpoint=needs_checkpoint,
-            ttl=Duration(seconds=int(self.subscriber_ttl)),
+            ttl=timeutil.duration(int(self.subscriber_ttl)),
         )
 
     def unsubscribe(self, subscriber_id: str) -> None:

@@ -34,6 +34,7 @@ from grpc import aio
 
 from rollart.delta import DeltaEncoder, WeightSet
 from rollart.delta import segment as sg
+from rollart.runtime import errors
 from rollart.runtime.auth import TokenAuthInterceptor
 from rollart.runtime.client import channel as make_channel
 from rollart.runtime.config import TLSConfig
@@ -158,7 +159,9 @@ class Publisher:
                 raise ValueError("previous weights need their version")
             self._prev = previous.copy()
         if self.grpc_listen:
+            # Auth first, then the status mapping of what the Relay servicer raises.
             interceptors = [TokenAuthInterceptor(self.token)] if self.token else []
+            interceptors.append(errors.StatusInterceptor())
             self._server = aio.server(
                 interceptors=interceptors,
                 options=[("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)],

@@ -2,7 +2,8 @@
 
 Used by the relay service (``rollart-relay``) and by the trainer's publisher, which serves the same API
 so that actors can fall back to the trainer when every relay is gone. Bad input ends a call with
-INVALID_ARGUMENT (or the code the hub names), never with a partial change.
+INVALID_ARGUMENT (or the code the hub names), never with a partial change. Methods raise
+``rollart.runtime.errors``; the server's handler wrapper turns them into statuses.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import grpc
 from grpc import aio
 
 from rollart.delta import segment as sg
 from rollart.delta.errors import DeltaError
+from rollart.runtime import errors, ids
 from rollart.v1 import common_pb2, relay_pb2, relay_pb2_grpc
 
 from .hub import DeltaHub, HubError
@@ -38,8 +39,9 @@ def segment_message(raw: bytes) -> common_pb2.DeltaSegment:
     )
 
 
-async def _abort(context: aio.ServicerContext, exc: HubError) -> None:
-    await context.abort(getattr(grpc.StatusCode, exc.code, grpc.StatusCode.INTERNAL), str(exc))
+def _status(exc: HubError) -> errors.ServiceError:
+    """The status the hub named for a request it cannot serve."""
+    return errors.error_for(exc.code, str(exc))
 
 
 class RelayServicer(relay_pb2_grpc.RelayServicer):
@@ -50,41 +52,40 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
         self.set_upstream = set_upstream
 
     async def Subscribe(self, request, context):  # noqa: N802 - gRPC method names
+        ids.check_id("subscriber_id", request.subscriber_id)
         try:
             return self.hub.subscribe(request)
         except HubError as exc:
-            await _abort(context, exc)
+            raise _status(exc) from None
 
     async def Unsubscribe(self, request, context):  # noqa: N802
-        if not request.subscriber_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "subscriber_id is required")
+        ids.check_id("subscriber_id", request.subscriber_id)
         self.hub.unsubscribe(request.subscriber_id)
         return common_pb2.Nothing()
 
     async def WatchEvents(self, request, context) -> AsyncIterator[relay_pb2.RelayEvent]:  # noqa: N802
-        if not request.subscriber_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "subscriber_id is required")
+        ids.check_id("subscriber_id", request.subscriber_id)
         if request.from_sequence < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "from_sequence must be >= 0")
+            raise errors.InvalidArgument("from_sequence", "must be >= 0")
         try:
             async for event in self.hub.watch(request.subscriber_id, request.from_sequence, request.only_new):
                 yield event
         except HubError as exc:
-            await _abort(context, exc)
+            raise _status(exc) from None
 
     async def SetUpstream(self, request, context):  # noqa: N802
         if self.set_upstream is None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this endpoint is the trainer: it has no upstream")
+            raise errors.FailedPrecondition("this endpoint is the trainer: it has no upstream")
         up = request.upstream
         if up.kind not in (relay_pb2.UPSTREAM_KIND_TRAINER, relay_pb2.UPSTREAM_KIND_RELAY):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "upstream.kind must be TRAINER or RELAY")
+            raise errors.InvalidArgument("upstream.kind", "must be TRAINER or RELAY")
         if up.kind == relay_pb2.UPSTREAM_KIND_RELAY and not up.endpoint:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "upstream.endpoint is required for a RELAY upstream")
+            raise errors.InvalidArgument("upstream.endpoint", "is required for a RELAY upstream")
         for ep in [up.endpoint, *up.fallbacks]:
             if ep and (":" not in ep or not ep.rpartition(":")[2].isdigit()):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"endpoint {ep!r} is not HOST:PORT")
+                raise errors.InvalidArgument("upstream", f"endpoint {errors.shorten(ep)} is not HOST:PORT")
         if up.streams < 0 or up.streams > 64:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "upstream.streams must be 0..64")
+            raise errors.InvalidArgument("upstream.streams", "must be 0..64")
         return await self.set_upstream(up)  # type: ignore[misc]
 
     async def PushSegments(self, request_iterator, context):  # noqa: N802
@@ -94,29 +95,24 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
             try:
                 seg = sg.parse(msg.data, self.hub.key)
             except DeltaError as exc:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"segment {msg.sequence} of version {msg.version} rejected ({type(exc).__name__}): {exc}",
-                )
+                raise errors.InvalidArgument(
+                    "data", f"segment {msg.sequence} of version {msg.version} rejected ({type(exc).__name__}): {exc}"
+                ) from None
             fields = (msg.job_id, msg.version, msg.base_version, msg.sequence, msg.trailer)
             header = (seg.job, seg.version, seg.base_version, seg.seq, seg.is_trailer)
             if fields != header:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"message fields {fields} disagree with the segment header {header}",
-                )
+                shown = ["(" + ", ".join(errors.shorten(v) for v in t) + ")" for t in (fields, header)]
+                raise errors.InvalidArgument("", "message fields {} disagree with the segment header {}".format(*shown))
             if seg.job != self.hub.job:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"segment of job {seg.job!r}; this relay serves {self.hub.job!r}"
+                raise errors.InvalidArgument(
+                    "job_id", f"segment of job {errors.shorten(seg.job)}; this relay serves {self.hub.job!r}"
                 )
             try:
                 new = await self.hub.buffer(seg.version, "grpc-push").put(seg)
             except DeltaError as exc:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"segment {seg.seq} of version {seg.version}: {exc}"
-                )
+                raise errors.InvalidArgument("data", f"segment {seg.seq} of version {seg.version}: {exc}") from None
             except HubError as exc:
-                await _abort(context, exc)
+                raise _status(exc) from None
             touched.add(seg.version)
             accepted += new
             duplicates += not new
@@ -128,29 +124,29 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
 
     async def FetchDeltas(self, request, context) -> AsyncIterator[common_pb2.DeltaSegment]:  # noqa: N802
         if any(s < 0 or s > 0xFFFFFFFF for s in request.only_sequences):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "only_sequences must be 32-bit sequence numbers")
+            raise errors.InvalidArgument("only_sequences", "must be 32-bit sequence numbers")
         try:
             async for _buf, raw in self.hub.fetch(
                 request.from_version, request.to_version, list(request.only_sequences), request.follow
             ):
                 yield segment_message(raw)
         except HubError as exc:
-            await _abort(context, exc)
+            raise _status(exc) from None
 
     async def Commit(self, request, context):  # noqa: N802
         if not request.HasField("order"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "order is required")
+            raise errors.InvalidArgument("order", "is required")
         try:
             return self.hub.commit(request.order)
         except HubError as exc:
-            await _abort(context, exc)
+            raise _status(exc) from None
 
     async def GetStatus(self, request, context):  # noqa: N802
         return self.hub.status()
 
     async def PruneCache(self, request, context):  # noqa: N802
         if request.keep_from_version < 0 or request.keep_last < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "keep_from_version and keep_last must be >= 0")
+            raise errors.InvalidArgument("keep_from_version", "keep_from_version and keep_last must be >= 0")
         evicted, freed = self.hub.prune(request.keep_from_version, request.keep_last)
         return relay_pb2.PruneCacheResponse(evicted=evicted, bytes_freed=freed)
 

@@ -5,6 +5,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from rollart.runtime import ids
 from rollart.runtime.config import StrictModel, WeightPlaneConfig, _check_address
 
 
@@ -69,3 +70,11 @@ class RelayConfig(WeightPlaneConfig):
     @classmethod
     def _data(cls, value: str) -> str:
         return _check_address(value)
+
+    @field_validator("relay_id")
+    @classmethod
+    def _relay_id(cls, value: str | None) -> str | None:
+        why = None if value is None else ids.id_problem(value)
+        if why:
+            raise ValueError(f"relay_id {why}")
+        return value

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from grpc import aio
 
+from rollart.runtime.timeutil import timestamp
 from rollart.v1 import relay_pb2
 from rollart.weights import relay_api
 from rollart.weights.follower import SourceFollower
@@ -139,7 +140,7 @@ class RelayService:
         st = self.hub.upstream
         st.bytes_received = self.hub.bytes_received
         if self.hub.last_segment_at is not None:
-            st.last_segment_at.FromNanoseconds(int(self.hub.last_segment_at * 1e9))
+            st.last_segment_at.CopyFrom(timestamp(self.hub.last_segment_at))
         f = self.follower
         if f is not None:
             st.active_endpoint = f.active_endpoint

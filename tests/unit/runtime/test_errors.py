@@ -119,9 +119,10 @@ class _Raising:
         )
 
 
-def test_raised_errors_become_statuses_through_the_server_wrapper():
+@pytest.mark.parametrize("interceptor", [TelemetryInterceptor("test"), errors.StatusInterceptor()], ids=["serve", "bare"])
+def test_raised_errors_become_statuses_through_the_server_wrapper(interceptor):
     async def scenario() -> None:
-        server = aio.server(interceptors=[TelemetryInterceptor("test")])
+        server = aio.server(interceptors=[interceptor])
         server.add_generic_rpc_handlers([_Raising().handler()])
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
