@@ -117,6 +117,11 @@ class SourceFollower:
         if self._failure is not None and not self._failure.done():
             self._failure.set_result(_SourceFailed("switch requested"))
 
+    def pulling(self, version: int) -> bool:
+        """Whether a pull session for ``version`` is under way (its segments may still come)."""
+        task = self._pulls.get(version)
+        return task is not None and not task.done()
+
     def _spawn(self, coro: Awaitable) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)

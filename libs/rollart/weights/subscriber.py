@@ -1,16 +1,23 @@
-"""The weight subscriber (used by the actor service): stage ``D_v``, verify, commit at a safe point.
+"""The weight subscriber: receive ``D_v`` from a relay into staging, and (standalone) commit it.
 
-- Every version announced by the source is pulled over the striped transport into a
-  :class:`~rollart.delta.DeltaStager` (each segment verified on arrival, duplicates dropped by sequence
-  number) and finished (trailer, ``h(v)``, tensor structure) as soon as its last segment is in.
-- ``Commit(v)`` (from the source's event stream, or :meth:`WeightSubscriber.commit` called by the actor's
-  gRPC Commit) applies the chain ``D_{a+1} .. D_v`` from the active version ``a``: each delta must be
-  complete, verified, based on the version active at that moment, and (for ``v``) carry the ordered
-  ``h(v)``; then it is handed to the engine (``engine.apply_delta``), which applies it at a safe point
-  (pause generation keeping requests, load, reset the prefix cache, resume). A rejected delta leaves
-  the weights untouched.
-- Missed versions are fetched from the source's cache (``FetchDeltas``): catching up costs K·|D|.
-- A joiner loads the newest full checkpoint from the checkpoint store and replays the deltas after it.
+Two parts, one state machine (:class:`~rollart.weights.staging.VersionStaging`, documented there):
+
+- :class:`DeltaSource` receives. It follows relay-like sources (:class:`~rollart.weights.follower.
+  SourceFollower`): every announced version is pulled over the striped transport into the staging (each
+  segment verified on arrival, duplicates dropped by sequence number) and finished (trailer, ``h(v)``,
+  tensor structure) as soon as its last segment is in. On request (:meth:`DeltaSource.gather`) it brings
+  the whole route from the active version to ``v`` into staging: it waits for deltas still arriving and
+  fetches missed ones from the source's cache (``FetchDeltas``: catching up costs K·|D|). Commit orders
+  from the source go to its owner's ``on_commit``. It keeps no version state of its own: the active
+  version comes from the owner (``active``), staged versions live in the staging it was given.
+- :class:`WeightSubscriber` is a standalone owner (tests, benchmarks, engine-less actors): it holds the
+  active version and ``h(v)`` of an engine (``LocalEngine`` by default) and commits: ``Commit(v)`` gathers
+  the route ``D_{a+1} .. D_v``, checks every base version and the ordered ``h(v)``, and only then hands
+  the deltas to the engine (``engine.apply_delta``). A commit that cannot complete changes nothing. A
+  joiner loads the newest full checkpoint from the checkpoint store and replays the deltas after it.
+
+The actor service uses a :class:`DeltaSource` with its own owner (``rollart_actor.weights.WeightManager``),
+which applies routes to its engine at one safe point.
 """
 
 from __future__ import annotations
@@ -20,20 +27,19 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
 
-from rollart.delta import Delta, DeltaStager, WeightSet, apply_delta
-from rollart.delta import segment as sg
-from rollart.delta.errors import BaseMismatchError, DeltaError
+from rollart.delta import Delta, WeightSet, apply_delta
+from rollart.delta.errors import BaseMismatchError
 from rollart.runtime.config import TLSConfig
 from rollart.v1 import common_pb2, relay_pb2
 
-from . import transport as tp
 from .follower import SourceFollower
+from .staging import ARRIVING, StagedVersion, StagingError, StagingSink, VersionStaging
 
 log = logging.getLogger(__name__)
 
@@ -69,60 +75,148 @@ class LocalEngine:
         self.weights = weights
 
 
-@dataclass
-class Staged:
-    """One version being staged (or staged) on this subscriber."""
+# ------------------------------------------------------------------------------------------------ source
 
-    version: int
-    stager: DeltaStager
-    tracker: tp.SegmentTracker
-    started_at: float = field(default_factory=time.time)
-    completed_at: float | None = None
-    delta: Delta | None = None
-    error: str | None = None
-    source: str = ""
-    done: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def proto(self) -> common_pb2.StagedWeights:
-        msg = common_pb2.StagedWeights(
-            version=self.version,
-            base_version=self.tracker.base_version if self.tracker.base_version is not None else -1,
-            hash=self.tracker.hash or b"",
-            parts_received=self.tracker.received,
-            parts_total=self.tracker.total or 0,
-            bytes_received=self.tracker.bytes,
-            complete=self.tracker.complete,
-            verified=self.delta is not None,
-            source=self.source,
-            error=self.error or "",
+class DeltaSource:
+    """Delivers a job's deltas from relay-like sources into a :class:`VersionStaging`. See the module docstring.
+
+    ``active()`` returns the owner's active version (None: no weights yet); ``on_commit`` receives the
+    source's commit orders meant for this subscriber.
+    """
+
+    def __init__(
+        self,
+        *,
+        subscriber_id: str,
+        job: str,
+        key: bytes,
+        token: str | None,
+        sources: Sequence[str],
+        staging: VersionStaging,
+        active: Callable[[], int | None],
+        on_commit: Callable[[common_pb2.CommitOrder], Awaitable[Any]] | None = None,
+        streams: int = 4,
+        region: str = "",
+        tls: TLSConfig | None = None,
+        reconnect_timeout: float = 3.0,
+        idle_timeout: float = 30.0,
+        kind: int = relay_pb2.RELAY_SUBSCRIBER_KIND_ACTOR,
+    ) -> None:
+        self.subscriber_id = subscriber_id
+        self.staging = staging
+        self.active = active
+        self.on_commit = on_commit
+        self.bytes_fetched = 0
+        self.follower = SourceFollower(
+            subscriber_id=subscriber_id,
+            kind=kind,
+            job=job,
+            key=bytes(key),
+            token=token,
+            endpoints=sources,
+            sink_for=self._sink_for,
+            state=self._state,
+            on_commit=self._commit_event if on_commit is not None else None,
+            streams=streams,
+            region=region,
+            tls=tls,
+            reconnect_timeout=reconnect_timeout,
+            idle_timeout=idle_timeout,
         )
-        msg.started_at.FromNanoseconds(int(self.started_at * 1e9))
-        if self.completed_at is not None:
-            msg.completed_at.FromNanoseconds(int(self.completed_at * 1e9))
-        return msg
+
+    def start(self) -> None:
+        self.follower.start()
+
+    async def stop(self) -> None:
+        await self.follower.stop()
+
+    @property
+    def active_endpoint(self) -> str:
+        return self.follower.active_endpoint
+
+    @property
+    def connected(self) -> bool:
+        return self.follower.connected
+
+    def _state(self) -> tuple[bool, int, list[int]]:
+        active = self.active()
+        return active is not None, active or 0, self.staging.staged_deltas()
+
+    def _sink_for(self, version: int) -> StagingSink | None:
+        return self.staging.sink(version, self.active(), self.follower.active_endpoint)
+
+    async def _commit_event(self, order: common_pb2.CommitOrder) -> None:
+        if order.actor_ids and self.subscriber_id not in order.actor_ids:
+            return
+        assert self.on_commit is not None
+        await self.on_commit(order)
+
+    async def fetch(self, from_version: int, to_version: int = 0) -> int:
+        """Fetch D_{from+1} .. D_to from the source's cache into staging; returns bytes fetched.
+
+        Raises grpc.aio.AioRpcError from the source, StagingError for a segment that does not stage.
+        """
+        n = 0
+        only: list[int] = []
+        first = self.staging.entries.get(from_version + 1)
+        if first is not None and first.received and first.state == ARRIVING and first.tracker is not None:
+            only = first.tracker.missing()  # only what the pull has not brought yet
+            if first.tracker.segment_count is None:
+                only = []  # without the trailer the total is unknown: ask for everything
+        source = f"fetch:{self.follower.active_endpoint}"
+        async for msg in self.follower.fetch(from_version, to_version, only):
+            n += len(msg.data)
+            self.staging.stage_message(msg, self.active(), source=source, pushed=False)
+        self.bytes_fetched += n
+        return n
+
+    async def gather(self, active: int, target: int, deadline: float) -> None:
+        """Bring the whole route ``active -> target`` into staging (waiting, then fetching, each gap once).
+
+        Raises StagingError: FAILED_PRECONDITION (a link is missing, based on another version or
+        rejected), DEADLINE_EXCEEDED (still arriving at ``deadline``), or the fetch's status; ``at`` is the
+        version the route stops at and ``out_of_range`` says the source's cache no longer reaches it.
+        """
+        st = self.staging
+        full = st.newest_full(active, target)
+        cur = full.version if full is not None else active
+        fetched_from: int | None = None
+        while cur < target:
+            nxt = st.next_delta(cur, target)
+            if nxt is not None:
+                cur = nxt.version
+                continue
+            arriving = st.arriving(cur, target, self.follower.pulling)
+            if arriving:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StagingError(
+                        "DEADLINE_EXCEEDED",
+                        f"delta {arriving[0].version} still incomplete at the commit deadline",
+                        at=cur,
+                    )
+                await st.wait_changed(min(0.25, max(0.01, left)))
+                continue
+            if fetched_from == cur:
+                raise StagingError("FAILED_PRECONDITION", st.why_missing(cur, target), at=cur)
+            fetched_from = cur
+            # Fetch only the gap: up to the first version already staged (pulled) beyond it.
+            ahead = [v for v in st.staged_deltas() if cur < v <= target]
+            upto = min(ahead) - 1 if ahead and min(ahead) - 1 > cur else target
+            try:
+                await self.fetch(cur, upto)
+            except grpc.aio.AioRpcError as exc:
+                why = st.reason(cur, target)
+                raise StagingError(
+                    "FAILED_PRECONDITION" if why else exc.code().name,
+                    why or f"cannot fetch the deltas after v{cur}: {exc.details()}",
+                    at=cur,
+                    out_of_range=exc.code() == grpc.StatusCode.OUT_OF_RANGE,
+                ) from None
 
 
-class _StagingSink:
-    """SegmentSink into a Staged entry: the stager decodes and checks, the tracker counts and hashes."""
-
-    def __init__(self, entry: Staged, owner: WeightSubscriber) -> None:
-        self.entry = entry
-        self.tracker = entry.tracker
-        self.owner = owner
-
-    async def put(self, seg: sg.Segment) -> bool:
-        if self.tracker.has(seg.seq):
-            self.tracker.duplicates += 1
-            self.owner.duplicates += 1
-            return False
-        self.tracker.check(seg)
-        self.entry.stager.add(seg.raw)  # verifies again and decodes the index stream (vectorised)
-        self.tracker.add(seg)
-        self.owner.segments_received += 1
-        self.owner.bytes_received += len(seg.raw)
-        if self.tracker.complete:
-            self.owner._finish(self.entry)
-        return True
+# ------------------------------------------------------------------------------------------- subscriber
 
 
 @dataclass
@@ -135,7 +229,7 @@ class CommitResult:
 
 
 class WeightSubscriber:
-    """Stages deltas from a relay (with fallbacks) and applies them on Commit. See the module docstring."""
+    """A standalone owner of weights that follows a relay and commits. See the module docstring."""
 
     def __init__(
         self,
@@ -161,7 +255,6 @@ class WeightSubscriber:
             engine = LocalEngine(weights)
         self.engine = engine
         self.subscriber_id = subscriber_id
-        self.job, self.key = job, bytes(key)
         if isinstance(checkpoint_store, str | os.PathLike):
             from .checkpoint_store import open_store
 
@@ -173,124 +266,90 @@ class WeightSubscriber:
                 version = weights.version
             elif weights.version is None:
                 weights.version = version  # e.g. a checkpoint written without rollart metadata
-        self.active_version: int | None = version
-        self.active_hash: bytes | None = weights.applied_hash if weights is not None else None
-        self.staged: dict[int, Staged] = {}
+        # The active version and h(v): written only where this subscriber applies weights.
+        self._active_version: int | None = version
+        self._active_hash: bytes | None = weights.applied_hash if weights is not None else None
+        self.staging = VersionStaging(key=key, job=job)
         self.orders: dict[str, CommitResult] = {}
         self.errors: list[str] = []
-        self.rejected: dict[int, str] = {}
         self.applied: list[tuple[int, bytes]] = []
-        self.bytes_received = 0
-        self.bytes_fetched = 0
-        self.segments_received = 0
-        self.duplicates = 0
         self.checkpoint_loads = 0
+        self.checkpoint_bytes = 0
         self.updated = asyncio.Event()  # set after each applied commit (tests, status)
         self._lock = asyncio.Lock()
-        self._staged_changed = asyncio.Event()
-        self.follower = SourceFollower(
+        self.source = DeltaSource(
             subscriber_id=subscriber_id,
-            kind=kind,
             job=job,
-            key=self.key,
+            key=key,
             token=token,
-            endpoints=sources,
-            sink_for=self._sink_for,
-            state=self._state,
+            sources=sources,
+            staging=self.staging,
+            active=lambda: self._active_version,
             on_commit=self._on_commit_event,
             streams=streams,
             region=region,
             tls=tls,
             reconnect_timeout=reconnect_timeout,
             idle_timeout=idle_timeout,
+            kind=kind,
         )
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
     async def start(self, *, bootstrap: bool = True) -> None:
         """Load weights first when there are none (newest checkpoint + deltas), then follow the source."""
-        if self.active_version is None and bootstrap and self.checkpoint_store is not None:
+        if self._active_version is None and bootstrap and self.checkpoint_store is not None:
             await self.bootstrap()
-        self.follower.start()
+        self.source.start()
 
     async def stop(self) -> None:
-        await self.follower.stop()
+        await self.source.stop()
+
+    # ------------------------------------------------------------------------------------------- reading
+
+    @property
+    def follower(self) -> SourceFollower:
+        return self.source.follower
+
+    @property
+    def active_version(self) -> int | None:
+        return self._active_version
+
+    @property
+    def active_hash(self) -> bytes | None:
+        return self._active_hash
 
     @property
     def weights(self) -> WeightSet | None:
         return getattr(self.engine, "weights", None)
 
-    def _state(self) -> tuple[bool, int, list[int]]:
-        complete = sorted(v for v, e in self.staged.items() if e.delta is not None)
-        return self.active_version is not None, self.active_version or 0, complete
+    @property
+    def staged(self) -> dict[int, StagedVersion]:
+        return self.staging.entries
 
-    # ------------------------------------------------------------------------------------------- staging
+    @property
+    def segments_received(self) -> int:
+        return self.staging.segments_received
 
-    def entry(self, version: int) -> Staged | None:
-        """The staging entry of a version newer than the active one (created on first use)."""
-        if self.active_version is not None and version <= self.active_version:
-            return None
-        e = self.staged.get(version)
-        if e is None:
-            e = Staged(
-                version, DeltaStager(self.key, job=self.job, version=version), tp.SegmentTracker(self.job, version)
-            )
-            self.staged[version] = e
-        return e
+    @property
+    def bytes_received(self) -> int:
+        return self.staging.bytes_received
 
-    def _sink_for(self, version: int) -> _StagingSink | None:
-        e = self.entry(version)
-        if e is None or e.done.is_set():
-            return None
-        e.source = self.follower.active_endpoint
-        return _StagingSink(e, self)
+    @property
+    def duplicates(self) -> int:
+        return self.staging.duplicates
 
-    def _finish(self, entry: Staged) -> None:
-        try:
-            entry.delta = entry.stager.finish()
-            entry.stager = DeltaStager(self.key)  # the decoded delta is kept; drop the staging copies
-        except DeltaError as exc:
-            # Dropped so that a later pull or fetch stages it afresh; the reason stays for the commit's error.
-            entry.error = f"{type(exc).__name__}: {exc}"
-            self.rejected[entry.version] = entry.error
-            self.errors.append(f"v{entry.version}: {entry.error}")
-            log.warning("%s: staged v%d rejected: %s", self.subscriber_id, entry.version, entry.error)
-            if self.staged.get(entry.version) is entry:
-                del self.staged[entry.version]
-        entry.completed_at = time.time()
-        entry.done.set()
-        self._staged_changed.set()
-
-    async def _stage_message(self, msg: common_pb2.DeltaSegment) -> None:
-        e = self.entry(msg.version)
-        if e is None or e.done.is_set():
-            return
-        seg = sg.parse(msg.data, self.key)
-        if (seg.job, seg.version, seg.seq) != (msg.job_id, msg.version, msg.sequence):
-            raise DeltaError(f"FetchDeltas message fields disagree with segment {seg.seq}'s header")
-        e.source = e.source or f"fetch:{self.follower.active_endpoint}"
-        await _StagingSink(e, self).put(seg)
+    @property
+    def bytes_fetched(self) -> int:
+        return self.source.bytes_fetched + self.checkpoint_bytes
 
     async def fetch(self, from_version: int, to_version: int = 0) -> int:
         """Fetch D_{from+1} .. D_to from the source's cache into staging; returns bytes fetched."""
-        n = 0
-        only: list[int] = []
-        first = self.staged.get(from_version + 1)
-        if first is not None and first.tracker.received and not first.done.is_set():
-            only = first.tracker.missing()  # only what the pull has not brought yet
-            if first.tracker.segment_count is None:
-                only = []  # without the trailer the total is unknown: ask for everything
-        async for msg in self.follower.fetch(from_version, to_version, only):
-            n += len(msg.data)
-            await self._stage_message(msg)
-        self.bytes_fetched += n
-        return n
+        return await self.source.fetch(from_version, to_version)
 
     # -------------------------------------------------------------------------------------------- commit
 
     async def _on_commit_event(self, order: common_pb2.CommitOrder) -> None:
-        if order.actor_ids and self.subscriber_id not in order.actor_ids:
-            return
         try:
             await self.commit(order)
         except CommitError as exc:
@@ -312,112 +371,57 @@ class WeightSubscriber:
         v = order.version
         deadline = time.monotonic() + timeout
         from_ckpt = None
-        if self.active_version is None:
+        if self._active_version is None:
             if self.checkpoint_store is None:
                 raise CommitError("FAILED_PRECONDITION", "no weights loaded and no checkpoint store to load them from")
             from_ckpt = await self._load_checkpoint(at_most=v)
-        assert self.active_version is not None
-        if self.active_version >= v:
-            if self.active_version == v and order.hash and self.active_hash and order.hash != self.active_hash:
+        active = self._active_version
+        assert active is not None
+        if active >= v:
+            if active == v and order.hash and self._active_hash and order.hash != self._active_hash:
                 raise CommitError(
                     "FAILED_PRECONDITION",
-                    f"version {v} is active with h(v) {self.active_hash.hex()[:16]}…, "
+                    f"version {v} is active with h(v) {self._active_hash.hex()[:16]}…, "
                     f"the order names {order.hash.hex()[:16]}…",
                 )
-            return CommitResult(v, [], self.active_hash or b"", time.perf_counter() - t0, from_ckpt)
-        # Resolve the whole chain first (every delta complete and verified), so that a commit that cannot
-        # be completed changes nothing; then apply it in order.
-        chain: list[Delta] = []
-        cur = self.active_version
-        fetched_from: int | None = None
-        while cur < v:
-            entry = await self._next(cur, v, deadline)
-            if entry is None:
-                if fetched_from == cur:
-                    raise CommitError(
-                        "FAILED_PRECONDITION",
-                        self._why_missing(cur, v) or f"no delta based on version {cur} is available (up to v{v})",
-                    )
-                fetched_from = cur
-                # Fetch only the gap: up to the first version already staged (pulled) beyond it.
-                ahead = [e.version for e in self.staged.values() if e.delta is not None and cur < e.version <= v]
-                upto = min(ahead) - 1 if ahead and min(ahead) - 1 > cur else v
-                try:
-                    await self.fetch(cur, upto)
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() == grpc.StatusCode.OUT_OF_RANGE and self.checkpoint_store is not None and not chain:
-                        ck = await self._load_checkpoint(at_most=v)
-                        if ck > cur:
-                            from_ckpt = cur = ck
-                            continue
-                    why = self._why_missing(cur, v)
-                    raise CommitError(
-                        "FAILED_PRECONDITION" if why else exc.code().name,
-                        why or f"cannot fetch the deltas after v{cur}: {exc.details()}",
-                    ) from None
-                continue
-            assert entry.delta is not None and entry.delta.base_version == cur
-            chain.append(entry.delta)
-            cur = entry.delta.version
-        if chain and chain[-1].version != v:
-            raise CommitError("FAILED_PRECONDITION", f"the staged chain ends at v{chain[-1].version}, not v{v}")
-        if chain and order.hash and chain[-1].hash != order.hash:
+            return CommitResult(v, [], self._active_hash or b"", time.perf_counter() - t0, from_ckpt)
+        # Gather the whole route first (every delta complete and verified), so that a commit that cannot be
+        # completed changes nothing; then apply it in order.
+        try:
+            await self.source.gather(active, v, deadline)
+        except StagingError as exc:
+            if not (exc.out_of_range and exc.at == active and self.checkpoint_store is not None):
+                raise CommitError(exc.code, str(exc)) from None
+            ck = await self._load_checkpoint(at_most=v)
+            if ck <= active:
+                raise CommitError(exc.code, str(exc)) from None
+            from_ckpt = active = ck
+            try:
+                await self.source.gather(active, v, deadline)
+            except StagingError as again:
+                raise CommitError(again.code, str(again)) from None
+        try:
+            route = self.staging.route(active, v)
+        except StagingError as exc:
+            raise CommitError(exc.code, str(exc)) from None
+        if route.deltas and order.hash and route.hash != order.hash:
             raise CommitError(
                 "FAILED_PRECONDITION",
-                f"staged D_{v} hashes to {chain[-1].hash.hex()[:16]}…, the order names {order.hash.hex()[:16]}…",
+                f"staged D_{v} hashes to {route.hash.hex()[:16]}…, the order names {order.hash.hex()[:16]}…",
             )
         applied: list[int] = []
-        for delta in chain:
+        for delta in route.deltas:
             try:
                 await self.engine.apply_delta(delta)
             except BaseMismatchError as exc:
                 raise CommitError("FAILED_PRECONDITION", str(exc)) from None
-            self.active_version = delta.version
-            self.active_hash = delta.hash
+            self._active_version, self._active_hash = delta.version, delta.hash
             self.applied.append((delta.version, delta.hash))
             applied.append(delta.version)
-            for old in [k for k in self.staged if k <= delta.version]:
-                del self.staged[old]
+            self.staging.prune(delta.version)
         self.updated.set()
         log.info("%s: committed v%d (applied %s)", self.subscriber_id, v, applied)
-        return CommitResult(v, applied, self.active_hash or b"", time.perf_counter() - t0, from_ckpt)
-
-    def _why_missing(self, cur: int, v: int) -> str:
-        for e in sorted(self.staged.values(), key=lambda e: e.version):
-            if e.version <= v and e.tracker.base_version is not None and e.tracker.base_version != cur:
-                return (
-                    f"the delta staged for version {e.version} is based on version {e.tracker.base_version}, "
-                    f"but the active version is {cur}: it is not applied"
-                )
-        for ver in range(cur + 1, v + 1):
-            if ver in self.rejected:
-                return f"delta {ver} was rejected: {self.rejected[ver]}"
-        return ""
-
-    async def _next(self, cur: int, v: int, deadline: float) -> Staged | None:
-        """The staged delta based on ``cur`` (waits while one is arriving); None when none is coming."""
-        while True:
-            mine = [e for e in self.staged.values() if e.version <= v]
-            ready = [e for e in mine if e.delta is not None and e.delta.base_version == cur]
-            if ready:
-                return min(ready, key=lambda e: e.version)
-            pulls = self.follower._pulls
-            arriving = [
-                e
-                for e in mine
-                if not e.done.is_set()
-                and e.tracker.base_version in (cur, None)
-                and (e.tracker.received > 0 or (e.version in pulls and not pulls[e.version].done()))
-            ]
-            if not arriving:
-                return None
-            if time.monotonic() >= deadline:
-                raise CommitError(
-                    "DEADLINE_EXCEEDED", f"delta {arriving[0].version} still incomplete at the commit deadline"
-                )
-            self._staged_changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._staged_changed.wait(), min(0.25, max(0.01, deadline - time.monotonic())))
+        return CommitResult(v, applied, self._active_hash or b"", time.perf_counter() - t0, from_ckpt)
 
     # ------------------------------------------------------------------------------------------ joining
 
@@ -428,12 +432,10 @@ class WeightSubscriber:
             raise CommitError("FAILED_PRECONDITION", f"the checkpoint store holds no checkpoint <= {at_most}")
         weights = await asyncio.to_thread(store.open, info.version, writable=True)
         await self.engine.load_weights(weights, info.version)
-        self.active_version = info.version
-        self.active_hash = weights.applied_hash
+        self._active_version, self._active_hash = info.version, weights.applied_hash
         self.checkpoint_loads += 1
-        self.bytes_fetched += info.size
-        for old in [k for k in self.staged if k <= info.version]:
-            del self.staged[old]
+        self.checkpoint_bytes += info.size
+        self.staging.prune(info.version)
         log.info("%s: loaded checkpoint v%d (%d bytes)", self.subscriber_id, info.version, info.size)
         return info.version
 
@@ -442,7 +444,7 @@ class WeightSubscriber:
         t0 = time.perf_counter()
         async with self._lock:
             ckpt = await self._load_checkpoint(at_most=target or None)
-        result = CommitResult(ckpt, [], self.active_hash or b"", 0.0, ckpt)
+        result = CommitResult(ckpt, [], self._active_hash or b"", 0.0, ckpt)
         with contextlib.suppress(CommitError):
             result = await self.catch_up(target)
             result.from_checkpoint = ckpt
@@ -451,13 +453,13 @@ class WeightSubscriber:
 
     async def catch_up(self, target: int = 0) -> CommitResult:
         """Fetch and apply every delta after the active version up to ``target`` (0: the newest cached)."""
-        assert self.active_version is not None
-        cur = self.active_version
+        assert self._active_version is not None
+        cur = self._active_version
         if target == 0:
-            await self.fetch(cur, 0)
-            versions = [v for v, e in self.staged.items() if e.delta is not None]
+            await self.source.fetch(cur, 0)
+            versions = self.staging.staged_deltas()
             if not versions:
-                return CommitResult(cur, [], self.active_hash or b"", 0.0)
+                return CommitResult(cur, [], self._active_hash or b"", 0.0)
             target = max(versions)
         order = common_pb2.CommitOrder(order_id=f"catch-up-{self.subscriber_id}-{target}", version=target)
         return await self.commit(order)
@@ -466,30 +468,29 @@ class WeightSubscriber:
 
     def status(self) -> common_pb2.ActorWeightState:
         return common_pb2.ActorWeightState(
-            loaded=self.active_version is not None,
-            active_version=self.active_version or 0,
-            active_hash=self.active_hash or b"",
-            staged=[self.staged[v].proto() for v in sorted(self.staged)],
+            loaded=self._active_version is not None,
+            active_version=self._active_version or 0,
+            active_hash=self._active_hash or b"",
+            staged=self.staging.staged(),
         )
 
     async def wait_version(self, version: int, timeout: float = 30.0) -> None:
         """Until ``version`` is active (tests and tools)."""
         deadline = time.monotonic() + timeout
-        while self.active_version is None or self.active_version < version:
+        while self._active_version is None or self._active_version < version:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.subscriber_id}: v{version} not active after {timeout}s")
             self.updated.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.updated.wait(), 0.1)
 
-    async def wait_staged(self, version: int, timeout: float = 30.0) -> Staged:
+    async def wait_staged(self, version: int, timeout: float = 30.0) -> StagedVersion:
+        """Until ``version`` is STAGED or REJECTED (tests and tools)."""
         deadline = time.monotonic() + timeout
         while True:
-            e = self.staged.get(version)
-            if e is not None and e.done.is_set():
+            e = self.staging.entries.get(version)
+            if e is not None and e.state != ARRIVING:
                 return e
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.subscriber_id}: v{version} not staged after {timeout}s")
-            self._staged_changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._staged_changed.wait(), 0.1)
+            await self.staging.wait_changed(0.1)

@@ -56,8 +56,7 @@ class WeightActor:
             version=0,
             streams=2,
             commit_timeout=30.0,
-        )
-        self.sub.active_hash = initial_hash
+        )  # active h(v) comes from ws.applied_hash
         self.ch = channel(ledger, token=token, default_timeout=10.0)
         self.ledger = ledger_pb2_grpc.LedgerStub(self.ch)
         self.tasks: list[asyncio.Task] = []
