@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rollart.v1 import common_pb2, envmanager_pb2
 
-from .envs.registry import EnvInfo, EnvRegistry, default_registry
+from .envs.info import EnvInfo
+from .envs.registry import EnvRegistry, default_registry
 from .sandbox import proto_number
 
 _SOURCES = {

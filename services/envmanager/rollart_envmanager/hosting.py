@@ -37,7 +37,8 @@ from .envs.base import (
     UnknownEnvironment,
     check_action,
 )
-from .envs.registry import COMMAND, EnvInfo, EnvRegistry, TaskConfig, default_registry
+from .envs.info import COMMAND, EnvInfo
+from .envs.registry import EnvRegistry, TaskConfig, default_registry
 from .latency import LatencySampler
 from .sandbox import IN_PROCESS, FailureCause, Sandbox, SandboxFailure, _proc, make_sandbox
 from .sandbox.base import TimeBudget, classify_signal, classify_stderr, signal_name

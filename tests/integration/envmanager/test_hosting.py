@@ -18,7 +18,7 @@ from rollart_envmanager import (
     TaskConfig,
     open_env,
 )
-from rollart_envmanager.envs.registry import EnvInfo
+from rollart_envmanager.envs.info import EnvInfo
 from rollart_envmanager.sandbox import availability
 from rollart_envmanager.sandbox.bwrap import _uid_pids
 

@@ -16,7 +16,7 @@ from rollart_envmanager import (
     register_environment,
 )
 from rollart_envmanager.envs.base import ActionError, Env, EnvStateError
-from rollart_envmanager.envs.registry import EnvInfo
+from rollart_envmanager.envs.info import EnvInfo
 
 
 class Counter(Env):

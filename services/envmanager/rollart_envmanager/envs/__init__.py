@@ -10,7 +10,8 @@ from .base import (
     StepResult,
     UnknownEnvironment,
 )
-from .registry import EnvInfo, EnvRegistry, TaskConfig, default_registry, register_environment
+from .info import EnvInfo
+from .registry import EnvRegistry, TaskConfig, default_registry, register_environment
 
 __all__ = [
     "ActionError",

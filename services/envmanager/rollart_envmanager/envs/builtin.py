@@ -1,4 +1,7 @@
-"""Registration of the built-in environments."""
+"""The built-in environments: what they are (:class:`EnvInfo` entries and the reasoning-gym family).
+
+``registry.register_builtins`` registers them; this module knows nothing of the registry.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ from functools import lru_cache
 
 from ..sandbox import BWRAP, DOCKER, IN_PROCESS, KUBERNETES, PROCESS
 from . import code_env, gem_env, gymnasium_env, reasoning_gym_env, swe_env, textarena_env
-from .registry import COMMAND, EnvInfo, EnvRegistry
+from .info import COMMAND, EnvInfo, Lister, Resolver
 
 RG_PREFIX = "reasoning_gym:"
 _HERE = "rollart_envmanager.envs"
@@ -53,11 +56,16 @@ def _rg_list() -> list[EnvInfo]:
     return [_rg_info(n) for n in names] if names else [_rg_info("basic_arithmetic")]
 
 
-def register_builtins(reg: EnvRegistry) -> None:
-    reg.register_family(RG_PREFIX, _rg_resolve, _rg_list)
+def builtin_families() -> list[tuple[str, Resolver, Lister]]:
+    """(id prefix, resolver, lister) of every family of built-in ids."""
+    return [(RG_PREFIX, _rg_resolve, _rg_list)]
 
+
+def builtin_environments() -> list[EnvInfo]:
+    """Every fixed built-in entry, in registration order."""
+    envs: list[EnvInfo] = []
     for game in (*gem_env.GAMES, *gem_env.BROKEN):
-        reg.register(EnvInfo(
+        envs.append(EnvInfo(
             id=f"gem:game:{game}",
             source="gem",
             factory=f"{_HERE}.gem_env:GemEnv",
@@ -75,7 +83,7 @@ def register_builtins(reg: EnvRegistry) -> None:
 
     for game, players in textarena_env.GAMES.items():
         who = "single player" if players == 1 else "against a scripted opponent"
-        reg.register(EnvInfo(
+        envs.append(EnvInfo(
             id=f"textarena:{game}",
             source="textarena",
             factory=f"{_HERE}.textarena_env:TextArenaEnv",
@@ -89,7 +97,7 @@ def register_builtins(reg: EnvRegistry) -> None:
             requires=("textarena",),
         ))
 
-    reg.register(EnvInfo(
+    envs.append(EnvInfo(
         id="gymnasium:FrozenLake-v1",
         source="gymnasium",
         factory=f"{_HERE}.gymnasium_env:FrozenLakeTextEnv",
@@ -102,7 +110,7 @@ def register_builtins(reg: EnvRegistry) -> None:
         requires=("gymnasium",),
     ))
 
-    reg.register(EnvInfo(
+    envs.append(EnvInfo(
         id="code:builtin",
         source="code",
         factory=f"{_HERE}.code_env:CodeEnv",
@@ -118,7 +126,7 @@ def register_builtins(reg: EnvRegistry) -> None:
         requires=("pytest", "pytest_timeout"),
     ))
 
-    reg.register(EnvInfo(
+    envs.append(EnvInfo(
         id="swe:builtin",
         source="swe",
         factory=f"{_HERE}.swe_env:SweEnv",
@@ -133,3 +141,4 @@ def register_builtins(reg: EnvRegistry) -> None:
         options=swe_env.OPTIONS,
         requires=("pytest", "pytest_timeout"),
     ))
+    return envs

@@ -12,71 +12,20 @@ Users register their own environments with :func:`register_environment` (a decor
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from importlib.metadata import entry_points
 from typing import Any
 
 from ..latency import LatencySpec
 from ..sandbox import BACKENDS, IN_PROCESS, PROCESS, SandboxLimits, backend_name
 from .base import Env, EnvConfigError, EnvUnavailable, UnknownEnvironment
+from .builtin import builtin_environments, builtin_families
+from .info import EnvInfo, Lister, Resolver
 
-SOURCES = ("reasoning_gym", "gem", "textarena", "gymnasium", "code", "swe", "custom")
-REWARDS = ("math", "reasoning_gym", "code", "game", "llm_judge", "custom")
-
-# How the backend relates to the environment:
-#   "hosted": the environment object itself runs in the backend (in-process, a child process, a bwrap child);
-#   "command": the environment object runs in the envmanager and runs untrusted commands in a sandbox of that
-#              backend (code tests, SWE shell actions).
-HOSTED = "hosted"
-COMMAND = "command"
-
-
-@dataclass(frozen=True)
-class EnvInfo:
-    id: str
-    source: str
-    factory: str  # "module:callable"
-    description: str = ""
-    kwargs: Mapping[str, Any] = field(default_factory=dict)  # fixed constructor arguments
-    multi_turn: bool = True
-    default_max_turns: int = 1
-    default_backend: str = IN_PROCESS
-    supported_backends: tuple[str, ...] = (IN_PROCESS, PROCESS)
-    hosting: str = HOSTED
-    default_reward: str = "game"
-    reward_scorer: str = ""
-    options: Mapping[str, str] = field(default_factory=dict)  # accepted option -> description
-    requires: tuple[str, ...] = ()  # modules that must be importable
-    unavailable_reason: str = ""  # set for entries known not to work here
-
-    def __post_init__(self) -> None:
-        if not self.id or ":" not in self.factory:
-            raise ValueError(f"environment {self.id!r}: factory must be 'module:callable', got {self.factory!r}")
-        if self.source not in SOURCES:
-            raise ValueError(f"environment {self.id!r}: source must be one of {SOURCES}")
-        object.__setattr__(self, "default_backend", backend_name(self.default_backend))
-        object.__setattr__(self, "supported_backends", tuple(backend_name(b) for b in self.supported_backends))
-        if self.default_backend not in self.supported_backends:
-            raise ValueError(f"environment {self.id!r}: default backend not among the supported ones")
-        if self.hosting not in (HOSTED, COMMAND):
-            raise ValueError(f"environment {self.id!r}: hosting must be {HOSTED!r} or {COMMAND!r}")
-
-    def availability(self) -> tuple[bool, str]:
-        if self.unavailable_reason:
-            return False, self.unavailable_reason
-        for module in self.requires:
-            try:
-                if importlib.util.find_spec(module) is None:
-                    return False, f"package providing {module!r} is not installed"
-            except (ImportError, ValueError) as exc:
-                return False, f"cannot import {module!r}: {exc}"
-        return True, ""
-
-    @property
-    def available(self) -> bool:
-        return self.availability()[0]
+log = logging.getLogger(__name__)
 
 
 def import_factory(path: str) -> Callable[..., Env]:
@@ -93,10 +42,6 @@ def import_factory(path: str) -> Callable[..., Env]:
     if not callable(obj):
         raise EnvUnavailable(f"{path} is not callable")
     return obj
-
-
-Resolver = Callable[[str], "EnvInfo | None"]
-Lister = Callable[[], Iterable[EnvInfo]]
 
 
 class EnvRegistry:
@@ -138,8 +83,6 @@ class EnvRegistry:
 
     def load_entry_points(self, group: str = "rollart.environments") -> list[str]:
         """Loads installed plugins: each entry point is a callable taking this registry (it registers its envs)."""
-        from importlib.metadata import entry_points
-
         loaded = []
         for ep in entry_points(group=group):
             ep.load()(self)
@@ -197,6 +140,14 @@ def check_options(info: EnvInfo, options: Mapping[str, Any]) -> None:
         )
 
 
+def register_builtins(reg: EnvRegistry) -> None:
+    """The built-in environments (``builtin.py``): the reasoning-gym family first, then the fixed entries."""
+    for prefix, resolve, list_all in builtin_families():
+        reg.register_family(prefix, resolve, list_all)
+    for info in builtin_environments():
+        reg.register(info)
+
+
 _default: EnvRegistry | None = None
 _default_lock = threading.Lock()
 
@@ -206,16 +157,12 @@ def default_registry() -> EnvRegistry:
     global _default
     with _default_lock:
         if _default is None:
-            from .builtin import register_builtins
-
             reg = EnvRegistry()
             register_builtins(reg)
             try:
                 reg.load_entry_points()
             except Exception as exc:  # a broken plugin must not take the built-ins down
-                import logging
-
-                logging.getLogger(__name__).warning("loading environment plugins failed: %s", exc)
+                log.warning("loading environment plugins failed: %s", exc)
             _default = reg
         return _default
 
@@ -327,9 +274,7 @@ class TaskConfig:
         """From a ``rollart.v1.EnvironmentSpec``."""
         backend = ""
         if spec.HasField("sandbox") and spec.sandbox.backend:
-            from ..sandbox import backend_name as bn
-
-            backend = bn(int(spec.sandbox.backend))
+            backend = backend_name(int(spec.sandbox.backend))
         limits = SandboxLimits.from_proto(spec.sandbox, base_limits) if spec.HasField("sandbox") else (
             base_limits or SandboxLimits()
         )
