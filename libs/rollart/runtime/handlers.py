@@ -54,14 +54,20 @@ async def _reject(context: aio.ServicerContext, bad: Malformed) -> None:
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {bad.error}")
 
 
-def _checked(request: Any, context: aio.ServicerContext, streaming: bool) -> Any:
+def _checked(
+    request: Any, context: aio.ServicerContext, streaming: bool, check: Callable[[Any], None] | None = None
+) -> Any:
     if not streaming:
+        if check is not None:
+            check(request)
         return request
 
     async def messages() -> AsyncIterator[Any]:
         async for item in request:
             if isinstance(item, Malformed):
                 await _reject(context, item)
+            if check is not None:
+                check(item)  # raises into the service's loop, which ends the call with its status
             yield item
 
     return messages()
@@ -80,13 +86,19 @@ def _unparsed(data: bytes) -> None:
 
 
 def wrap(
-    handler: grpc.RpcMethodHandler, unary: UnaryAround, stream: StreamAround, parse: bool = True
+    handler: grpc.RpcMethodHandler,
+    unary: UnaryAround,
+    stream: StreamAround,
+    parse: bool = True,
+    check: Callable[[Any], None] | None = None,
 ) -> grpc.RpcMethodHandler:
     """A handler of the same kind whose behaviour runs through ``unary`` or ``stream``.
 
     Requests that fail to parse end the call with INVALID_ARGUMENT before the service sees them. With
     ``parse=False`` the request bytes are never deserialised (the behaviour must not read the request): a refused
-    call then costs no memory beyond the bytes gRPC already received, whatever the message holds. A
+    call then costs no memory beyond the bytes gRPC already received, whatever the message holds. ``check`` runs
+    on every request message before the service sees it (e.g. ``validation.check_limits``); what it raises ends
+    the call like an error of the service. A
     ``rollart.runtime.errors.ServiceError`` (or known library error) the behaviour raises ends the call with its
     status.
     """
@@ -98,8 +110,8 @@ def wrap(
             async def run() -> AsyncIterator[Any]:
                 if isinstance(request, Malformed):
                     await _reject(context, request)
-                result = behavior(_checked(request, context, req_streaming), context)
                 try:
+                    result = behavior(_checked(request, context, req_streaming, check), context)
                     if hasattr(result, "__aiter__"):
                         async for item in result:
                             yield item
@@ -119,7 +131,7 @@ def wrap(
                 if isinstance(request, Malformed):
                     await _reject(context, request)
                 try:
-                    return await behavior(_checked(request, context, req_streaming), context)
+                    return await behavior(_checked(request, context, req_streaming, check), context)
                 except Exception as exc:  # noqa: BLE001 - mapped to a status, or re-raised unchanged
                     await _end_with_status(context, exc)
 

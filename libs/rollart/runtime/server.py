@@ -24,8 +24,8 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from . import telemetry
-from .auth import TokenAuthInterceptor, server_credentials
+from . import telemetry, validation
+from .auth import UNAUTHENTICATED_PREFIXES, TokenAuthInterceptor, server_credentials
 from .config import ServiceConfig
 from .handlers import wrap
 
@@ -89,6 +89,8 @@ class Service(Protocol):
     # register with the resource manager under the bound address).
     # Optional: ``max_receive_message_bytes: int``, the largest request the service accepts (default 4 MiB);
     # the ``max_receive_message_bytes`` configuration key overrides it.
+    # Optional: ``request_limits: rollart.runtime.validation.Limits``, the string/list/map bounds every request
+    # is held to before a handler runs (default ``validation.DEFAULT_LIMITS``).
 
 
 def _code_of(exc: BaseException | None, context_: aio.ServicerContext) -> str:
@@ -183,6 +185,29 @@ class TelemetryInterceptor(aio.ServerInterceptor):
         return wrap(handler, unary, stream)
 
 
+class RequestLimitsInterceptor(aio.ServerInterceptor):
+    """Holds every request message of the service's RPCs to ``limits`` (string lengths, repeated fields, maps;
+    ``validation.check_limits``) before the handler runs: INVALID_ARGUMENT naming the field otherwise."""
+
+    def __init__(self, limits: validation.Limits) -> None:
+        self.limits = limits
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(UNAUTHENTICATED_PREFIXES):
+            return handler
+        limits = self.limits
+
+        async def unary(request: Any, ctx: aio.ServicerContext, run):
+            return await run()
+
+        async def stream(request: Any, ctx: aio.ServicerContext, run) -> AsyncIterator[Any]:
+            async for item in run():
+                yield item
+
+        return wrap(handler, unary, stream, check=lambda message: validation.check_limits(message, limits))
+
+
 async def serve(service: Service, cfg: ServiceConfig, stop_event: asyncio.Event | None = None) -> None:
     """Run ``service`` until SIGTERM/SIGINT (or ``stop_event``), then drain and stop."""
     name = cfg.instance_name or service.name
@@ -197,6 +222,8 @@ async def serve(service: Service, cfg: ServiceConfig, stop_event: asyncio.Event 
         interceptors.append(TokenAuthInterceptor(token))
     elif cfg.insecure_disable_auth:
         log.warning("authentication disabled (insecure_disable_auth): every caller is trusted")
+    # After authentication: a refused caller's request is not even parsed, let alone walked.
+    interceptors.append(RequestLimitsInterceptor(getattr(service, "request_limits", validation.DEFAULT_LIMITS)))
 
     options = [*SERVER_OPTIONS, ("grpc.max_receive_message_length", receive_limit(service, cfg))]
     server = aio.server(interceptors=interceptors, options=options)

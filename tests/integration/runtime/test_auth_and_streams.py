@@ -16,6 +16,7 @@ import pytest
 from grpc import aio
 
 from rollart.runtime import server as runtime_server
+from rollart.runtime import validation
 from rollart.runtime.auth import bearer
 from rollart.runtime.config import ServiceConfig
 from rollart.v1 import resource_manager_pb2 as rm
@@ -44,6 +45,7 @@ class FloodService(rm_grpc.ResourceManagerServicer):
     name = "flood"
     service_names = [rm.DESCRIPTOR.services_by_name["ResourceManager"].full_name]
     max_receive_message_bytes = 1 << 20
+    request_limits = validation.Limits(max_map_entries=100_000)
 
     def __init__(self) -> None:
         self.parsed = 0
@@ -125,6 +127,12 @@ def test_token_less_requests_are_not_parsed(flood):
     with pytest.raises(grpc.RpcError) as exc:
         stub.RegisterWorker(big_register(120_000), metadata=[bearer(TOKEN)])
     assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # Within the receive limit but over the service's request limits: INVALID_ARGUMENT naming the field.
+    with pytest.raises(grpc.RpcError) as exc:
+        stub.RegisterWorker(rm.RegisterWorkerRequest(worker=rm.Worker(worker_id="w" * 300)), metadata=[bearer(TOKEN)])
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert exc.value.details().startswith("worker.worker_id:") and len(exc.value.details()) < 200
+    assert service.parsed == 1
     ch.close()
 
 

@@ -1,0 +1,246 @@
+"""One validation layer for every RollArt servicer: ranges, lengths, formats and enum values of request fields.
+
+Two parts:
+
+* **Field checks** a servicer calls for its own rules: :func:`integer`, :func:`number` (refuses NaN and infinity),
+  :func:`duration`, :func:`text`, :func:`ident` / :func:`name` (the id rules of ``rollart.runtime.ids``),
+  :func:`items`, :func:`mapping`, :func:`enum`. Each returns the checked value and raises
+  ``errors.InvalidArgument(field, ...)`` naming the field; a caller's value is only ever echoed shortened
+  (``errors.shorten``), and the status details are bounded by ``rollart.runtime.errors``.
+* **Request limits** every service gets from the server runtime before its handler runs (:class:`Limits`,
+  :func:`check_limits`): every string, repeated field and map of the request, walked through the message's
+  descriptor, is within a bound: ids and names (fields named ``*_id``, ``*_ids``, ``name``, ``holder``, ...) at
+  most :data:`ID_CHARS`, other strings at most ``Limits.max_string_chars``, and so on. A service raises a bound
+  for the few fields that legitimately carry more (prompt text, token lists) with ``Limits.fields``.
+
+Example::
+
+    from rollart.runtime import validation as v
+
+    v.integer("max_workers", request.max_workers, 1, 10_000)
+    lr = v.number("spec.optimizer.learning_rate", spec.optimizer.learning_rate, 0.0, 1.0, lo_open=True)
+    timeout = v.duration("idle_timeout", request.idle_timeout, max_seconds=86_400)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence, Sized
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import Message
+
+from . import errors, ids, timeutil
+
+#: Longest id or name the request limits let through (the id rule's own maximum).
+ID_CHARS = ids.MAX_ID_CHARS
+#: Field names treated as ids or names by the request limits (besides every ``*_id`` and ``*_ids``).
+ID_FIELD_NAMES = frozenset(
+    {"name", "holder", "role", "pool", "region", "subscriber_id", "model", "scorer", "environment", "backend"}
+)
+
+# ------------------------------------------------------------------------------------------------ field checks
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def integer(field: str, value: int, lo: int | None = None, hi: int | None = None) -> int:
+    """``value`` if ``lo <= value <= hi`` (either bound may be None)."""
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        lo_s = "-inf" if lo is None else _fmt(lo)
+        hi_s = "inf" if hi is None else _fmt(hi)
+        raise errors.InvalidArgument(field, f"must be within [{lo_s}, {hi_s}], got {errors.shorten(value)}")
+    return value
+
+
+def number(
+    field: str,
+    value: float,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> float:
+    """``value`` if it is finite and within the bounds (``lo_open``/``hi_open`` exclude the bound itself)."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise errors.InvalidArgument(field, f"must be a finite number, got {errors.shorten(value)}")
+    low_bad = lo is not None and (value <= lo if lo_open else value < lo)
+    high_bad = hi is not None and (value >= hi if hi_open else value > hi)
+    if low_bad or high_bad:
+        left = "(" if lo_open else "["
+        right = ")" if hi_open else "]"
+        lo_s = "-inf" if lo is None else _fmt(lo)
+        hi_s = "inf" if hi is None else _fmt(hi)
+        raise errors.InvalidArgument(field, f"must be within {left}{lo_s}, {hi_s}{right}, got {_fmt(value)}")
+    return float(value)
+
+
+def duration(field: str, d: Duration, *, max_seconds: float | None = None, required: bool = False) -> float:
+    """Seconds of a caller's Duration: not negative, well-formed, at most ``max_seconds``; > 0 when required."""
+    secs = timeutil.checked_duration(field, d, max_seconds=max_seconds)
+    if required and secs <= 0:
+        raise errors.InvalidArgument(field, "is required (a positive duration)")
+    return secs
+
+
+def text(field: str, value: str, max_chars: int, *, required: bool = False) -> str:
+    """``value`` if it has at most ``max_chars`` characters (and is not empty when required)."""
+    if required and not value:
+        raise errors.InvalidArgument(field, "is required")
+    if len(value) > max_chars:
+        raise errors.InvalidArgument(field, f"must be at most {max_chars} characters, got {len(value)}")
+    return value
+
+
+def ident(field: str, value: str, *, required: bool = True, max_chars: int = ids.MAX_ID_CHARS) -> str:
+    """``value`` if it is an id (``rollart.runtime.ids``: 1-256 of ``A-Za-z0-9._:@/#+=~-``)."""
+    return ids.check_id(field, value, required=required, max_chars=max_chars)
+
+
+def name(field: str, value: str, *, required: bool = True) -> str:
+    """``value`` if it is a name (``rollart.runtime.ids``: 1-63 of ``a-z0-9._-``)."""
+    return ids.check_name(field, value, required=required)
+
+
+def items(field: str, values: Sized, max_items: int, *, min_items: int = 0) -> Sized:
+    """``values`` if it holds ``min_items`` to ``max_items`` entries."""
+    n = len(values)
+    if not min_items <= n <= max_items:
+        raise errors.InvalidArgument(field, f"must hold {min_items} to {max_items} entries, got {n}")
+    return values
+
+
+def mapping(
+    field: str, values: Mapping[str, Any], max_entries: int, *, max_key_chars: int = 256, max_value_chars: int = 4096
+) -> Mapping[str, Any]:
+    """``values`` if it has at most ``max_entries`` entries, with short keys and (string) values."""
+    items(field, values, max_entries)
+    for key, value in values.items():
+        if len(key) > max_key_chars:
+            raise errors.InvalidArgument(field, f"has a key of {len(key)} characters (at most {max_key_chars})")
+        if isinstance(value, str) and len(value) > max_value_chars:
+            raise errors.InvalidArgument(
+                f"{field}[{errors.shorten(key, 40)}]", f"must be at most {max_value_chars} characters"
+            )
+    return values
+
+
+def enum(
+    field: str,
+    value: int,
+    enum_type: Any,
+    *,
+    required: bool = True,
+    allowed: Sequence[int] | None = None,
+) -> int:
+    """``value`` if it is a value of ``enum_type`` (a generated enum wrapper or an EnumDescriptor).
+
+    ``required`` refuses the zero (``*_UNSPECIFIED``) value; ``allowed`` narrows the accepted values.
+    """
+    desc: EnumDescriptor = getattr(enum_type, "DESCRIPTOR", enum_type)
+    known = {v.number: v.name for v in desc.values}
+    if value not in known or (allowed is not None and value not in allowed):
+        choices = [known[n] for n in (allowed if allowed is not None else known) if n != 0 and n in known]
+        raise errors.InvalidArgument(field, f"must be one of {', '.join(choices)}, got {errors.shorten(value)}")
+    if required and value == 0:
+        choices = [n for k, n in known.items() if k != 0 and (allowed is None or k in allowed)]
+        raise errors.InvalidArgument(field, f"is required (one of {', '.join(choices)})")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- request limits
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds every request of a service is held to before its handler runs (see :func:`check_limits`).
+
+    ``fields`` raises (or lowers) the bound of single fields, keyed by the field's full name
+    (``"rollart.v1.ChatMessage.content"``): for a string its characters, for a repeated field or map its
+    entries.
+    """
+
+    #: Characters of a string that is not an id or name.
+    max_string_chars: int = 64 * 1024
+    #: Entries of a repeated message field.
+    max_messages: int = 10_000
+    #: Entries of a repeated scalar field (token ids, log-probabilities: a long context is 10^5-10^6).
+    max_scalars: int = 1_000_000
+    #: Entries of a map.
+    max_map_entries: int = 1_000
+    #: Nesting depth of messages (recursive messages such as JSON-like values).
+    max_depth: int = 32
+    fields: Mapping[str, int] = field(default_factory=dict)
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def _is_id_field(fd: FieldDescriptor) -> bool:
+    n = fd.name
+    return n.endswith("_id") or n.endswith("_ids") or n in ID_FIELD_NAMES
+
+
+def _is_map(fd: FieldDescriptor) -> bool:
+    return fd.message_type is not None and fd.message_type.GetOptions().map_entry
+
+
+def check_limits(message: Message, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Raise ``errors.InvalidArgument`` naming the first field of ``message`` over its bound.
+
+    Only set fields are visited (``ListFields``), so the cost is proportional to what the caller sent.
+    """
+    _walk(message, message.DESCRIPTOR, "", limits, 0)
+
+
+def _walk(msg: Message, desc: Descriptor, prefix: str, limits: Limits, depth: int) -> None:
+    if depth > limits.max_depth:
+        raise errors.InvalidArgument(prefix.rstrip("."), f"nests messages deeper than {limits.max_depth}")
+    for fd, value in msg.ListFields():
+        path = prefix + fd.name
+        bound = limits.fields.get(fd.full_name)
+        if _is_map(fd):
+            _check_count(path, len(value), bound or limits.max_map_entries)
+            value_fd = fd.message_type.fields_by_name["value"]
+            for key in value:
+                if isinstance(key, str) and len(key) > ID_CHARS:
+                    raise errors.InvalidArgument(path, f"has a key of {len(key)} characters (at most {ID_CHARS})")
+                item = value[key]
+                where = f"{path}[{errors.shorten(key, 40)}]"
+                if value_fd.type == FieldDescriptor.TYPE_MESSAGE:
+                    _walk(item, value_fd.message_type, where + ".", limits, depth + 1)
+                elif isinstance(item, str):
+                    _check_string(where, item, limits.fields.get(value_fd.full_name) or limits.max_string_chars)
+            continue
+        if fd.is_repeated:
+            if fd.type == FieldDescriptor.TYPE_MESSAGE:
+                _check_count(path, len(value), bound or limits.max_messages)
+                for i, item in enumerate(value):
+                    _walk(item, fd.message_type, f"{path}[{i}].", limits, depth + 1)
+            else:
+                _check_count(path, len(value), bound or limits.max_scalars)
+                if fd.type == FieldDescriptor.TYPE_STRING:
+                    per_item = ID_CHARS if _is_id_field(fd) else limits.max_string_chars
+                    for i, item in enumerate(value):
+                        _check_string(f"{path}[{i}]", item, per_item)
+            continue
+        if fd.type == FieldDescriptor.TYPE_MESSAGE:
+            _walk(value, fd.message_type, path + ".", limits, depth + 1)
+        elif fd.type == FieldDescriptor.TYPE_STRING:
+            _check_string(path, value, bound or (ID_CHARS if _is_id_field(fd) else limits.max_string_chars))
+
+
+def _check_count(path: str, n: int, bound: int) -> None:
+    if n > bound:
+        raise errors.InvalidArgument(path, f"must hold at most {bound} entries, got {n}")
+
+
+def _check_string(path: str, value: str, bound: int) -> None:
+    if len(value) > bound:
+        raise errors.InvalidArgument(path, f"must be at most {bound} characters, got {len(value)}")
