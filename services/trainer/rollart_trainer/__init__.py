@@ -1,5 +1,6 @@
 """RollArt trainer: GRPO policy optimisation, training checkpoints, bf16 weight export for publishing."""
 
+from .backends import make_backend
 from .checkpoint import CheckpointManager, CheckpointRecord, TrainerState
 from .grpo import (
     GrpoSettings,
@@ -14,7 +15,6 @@ from .grpo import (
     group_advantages,
     grpo_token_loss,
     k3_kl,
-    make_backend,
 )
 from .policy import Policy
 

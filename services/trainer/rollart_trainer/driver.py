@@ -1069,7 +1069,8 @@ class JobRunner:
 
 
 def _make_backend(spec: T.TrainerJobSpec) -> Any:
-    from .grpo import GrpoSettings, make_backend
+    from .backends import make_backend
+    from .grpo import GrpoSettings
 
     settings = GrpoSettings.from_job_spec(spec)
     kind = T.TrainerBackend.Name(spec.backend or T.TRAINER_BACKEND_TORCH)

@@ -28,6 +28,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from .grpo import GrpoSettings, TokenLogprobs, TokenStream, TorchBackend, TrainBatch
 from .policy import Policy, bf16_bits
@@ -68,8 +76,6 @@ class FSDP2Backend(TorchBackend):
             raise RuntimeError(
                 "FSDP2Backend needs torch.distributed initialised (use init_distributed or from_pretrained)"
             )
-        from torch.distributed.device_mesh import init_device_mesh
-
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.mesh = init_device_mesh(policy.device.type, (self.world,))
@@ -87,8 +93,6 @@ class FSDP2Backend(TorchBackend):
     # ------------------------------------------------------------------------------------------ set-up
 
     def _setup(self, net: TokenLogprobs, trainable: bool) -> nn.Module:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
         kw: dict[str, Any] = {"mesh": self.mesh, "reshard_after_forward": self._reshard}
         if self._mixed_precision:
             kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -132,8 +136,6 @@ class FSDP2Backend(TorchBackend):
         return t.cpu()
 
     def _clip_grad_norm(self) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor
-
         max_norm = self.settings.max_grad_norm or float("inf")
         gn = torch.nn.utils.clip_grad_norm_(self.parameters, max_norm)
         return gn.full_tensor() if isinstance(gn, DTensor) else gn
@@ -145,8 +147,6 @@ class FSDP2Backend(TorchBackend):
     # ------------------------------------------------------------------------------- export and state
 
     def _full(self, t: torch.Tensor) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor
-
         return t.full_tensor() if isinstance(t, DTensor) else t
 
     def export(self, out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
@@ -172,8 +172,6 @@ class FSDP2Backend(TorchBackend):
         return state
 
     def load_model_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        from torch.distributed.tensor import DTensor, distribute_tensor
-
         own = dict(self.policy.named_tensors())
         if set(own) != set(tensors):
             raise ValueError("checkpoint weights do not match the model's names")
@@ -187,8 +185,6 @@ class FSDP2Backend(TorchBackend):
                     p.copy_(src)
 
     def optimizer_state(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return {
             "optimizer": get_optimizer_state_dict(self.net, self.optimizer, options=opts),
@@ -196,8 +192,6 @@ class FSDP2Backend(TorchBackend):
         }
 
     def load_optimizer_state(self, state: Mapping[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_optimizer_state_dict(self.net, self.optimizer, optim_state_dict=state["optimizer"], options=opts)
         self.optimizer_steps = int(state.get("optimizer_steps", 0))

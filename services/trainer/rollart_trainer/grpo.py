@@ -27,6 +27,7 @@ One step over a batch of scored trajectories (``TrainBatch``):
 
 The backends (``TorchBackend`` here, ``FSDP2Backend`` in :mod:`rollart_trainer.fsdp`) share this code;
 they differ in how parameters live (one device vs sharded DTensors) and in how work is split over ranks.
+:func:`rollart_trainer.backends.make_backend` picks one by name.
 """
 
 from __future__ import annotations
@@ -866,17 +867,3 @@ class TorchBackend(TrainBackend):
     def load_optimizer_state(self, state: Mapping[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
-
-
-def make_backend(
-    kind: str, model_path: Any, settings: GrpoSettings | None = None, device: str | None = None, **kwargs: Any
-) -> TrainBackend:
-    """``kind``: "torch" (CPU or one GPU) or "fsdp2" (torchrun; one GPU per rank)."""
-    kind = (kind or "torch").lower()
-    if kind in ("torch", "trainer_backend_torch", "trainer_backend_unspecified"):
-        return TorchBackend.from_pretrained(model_path, settings, device=device or "auto")
-    if kind in ("fsdp2", "trainer_backend_fsdp2"):
-        from .fsdp import FSDP2Backend
-
-        return FSDP2Backend.from_pretrained(model_path, settings, device=device, **kwargs)
-    raise ValueError(f"unknown trainer backend {kind!r} (torch, fsdp2; megatron is not available here)")
