@@ -63,6 +63,9 @@ from rollart.job.metrics import (
 from rollart.job.spec import weights_digest
 from rollart.runtime.client import channel as make_channel
 from rollart.runtime.telemetry import log_fields
+from rollart.runtime.timeutil import duration as _dur
+from rollart.runtime.timeutil import seconds as _seconds
+from rollart.runtime.timeutil import timestamp as _ts
 from rollart.v1 import (
     actor_pb2,
     actor_pb2_grpc,
@@ -110,26 +113,6 @@ class JobError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-def _ts(t: float | None = None) -> Any:
-    from google.protobuf.timestamp_pb2 import Timestamp
-
-    ts = Timestamp()
-    ts.FromNanoseconds(int((time.time() if t is None else t) * 1e9))
-    return ts
-
-
-def _dur(seconds: float) -> Any:
-    from google.protobuf.duration_pb2 import Duration
-
-    d = Duration()
-    d.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
-    return d
-
-
-def _seconds(d: Any) -> float:
-    return d.ToNanoseconds() / 1e9
 
 
 @dataclass

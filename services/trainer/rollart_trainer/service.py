@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 from google.protobuf import json_format
 from grpc import aio
 
+from rollart.runtime import errors
 from rollart.runtime.telemetry import log_fields
 from rollart.v1 import relay_pb2, relay_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
@@ -31,6 +31,11 @@ from .driver import JobError, JobRunner
 log = logging.getLogger(__name__)
 T = trainer_pb2
 _ENDED = (T.TRAINER_JOB_STATE_STOPPED, T.TRAINER_JOB_STATE_COMPLETED, T.TRAINER_JOB_STATE_FAILED)
+
+
+def _status(exc: JobError) -> errors.ServiceError:
+    """The status a job error names (INVALID_ARGUMENT when it names none)."""
+    return errors.error_for(exc.code or "INVALID_ARGUMENT", str(exc))
 
 
 class _RelayFacade(relay_pb2_grpc.RelayServicer):
@@ -43,7 +48,7 @@ class _RelayFacade(relay_pb2_grpc.RelayServicer):
         runner = self.svc.runner
         pub = runner.publisher if runner is not None else None
         if pub is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "no job is publishing on this trainer")
+            raise errors.Unavailable("no job is publishing on this trainer")
         return pub.servicer
 
     async def Subscribe(self, request, context):  # noqa: N802 - gRPC method names
@@ -195,21 +200,19 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
         if cur is not None and cur.job.state not in _ENDED:
             if cur.spec.job_id == spec.job_id and cur.spec == spec:
                 return cur.job  # idempotent while it runs
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION, f"job {cur.spec.job_id!r} is running; stop it first"
-            )
+            raise errors.FailedPrecondition(f"job {cur.spec.job_id!r} is running; stop it first")
         try:
             runner = self._launch(spec)
         except JobError as exc:
-            await context.abort(getattr(grpc.StatusCode, exc.code, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+            raise _status(exc) from None
         return runner.job
 
     async def StopJob(self, request: T.StopJobRequest, context: aio.ServicerContext) -> T.TrainerJob:
         runner = self.runner
         if runner is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "no job was started")
+            raise errors.NotFound("no job was started")
         if request.job_id and request.job_id != runner.spec.job_id:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"job {request.job_id!r} is not this trainer's job")
+            raise errors.NotFound(f"job {errors.shorten(request.job_id)} is not this trainer's job")
         if runner.job.state in _ENDED:
             return runner.job
         runner.stop_checkpoint = request.checkpoint
@@ -227,14 +230,14 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
 
     async def GetJob(self, request: T.GetTrainerJobRequest, context: aio.ServicerContext) -> T.TrainerJob:
         if self.runner is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "no job was started")
+            raise errors.NotFound("no job was started")
         return self.runner.job
 
     async def WatchJob(
         self, request: T.WatchTrainerJobRequest, context: aio.ServicerContext
     ) -> AsyncIterator[T.TrainerEvent]:
         if self.runner is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "no job was started")
+            raise errors.NotFound("no job was started")
         runner = self.runner
         yield T.TrainerEvent(job=runner.job)
         if request.from_step > 0:
@@ -262,14 +265,14 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
 
     async def GetCurrentVersion(self, request, context) -> T.CurrentVersionResponse:
         if self.runner is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "no job was started")
+            raise errors.NotFound("no job was started")
         return self.runner.current_version()
 
     async def ListPublishedVersions(self, request, context) -> T.ListPublishedVersionsResponse:
         if self.runner is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "no job was started")
+            raise errors.NotFound("no job was started")
         if request.limit < 0 or request.from_version < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "from_version and limit must be >= 0")
+            raise errors.InvalidArgument("from_version", "from_version and limit must be >= 0")
         limit = request.limit or 100
         out = [
             p
@@ -280,24 +283,24 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
 
     async def GetStepMetrics(self, request, context) -> T.GetStepMetricsResponse:
         if self.runner is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "no job was started")
+            raise errors.NotFound("no job was started")
         if request.from_step < 0 or request.to_step < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "steps must be >= 0")
+            raise errors.InvalidArgument("from_step", "from_step and to_step must be >= 0")
         hi = request.to_step or (1 << 62)
         return T.GetStepMetricsResponse(steps=[m for m in self.runner.metrics if request.from_step <= m.step <= hi])
 
     async def SaveCheckpoint(self, request, context) -> T.CheckpointInfo:
         if self.runner is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "no job was started")
+            raise errors.NotFound("no job was started")
         try:
             rec = await self.runner.save_checkpoint(weights_only=request.weights_only)
         except JobError as exc:
-            await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+            raise _status(exc) from None
         return rec.to_proto()
 
     async def ListCheckpoints(self, request, context) -> T.ListCheckpointsResponse:
         runner = self.runner
         if runner is None or runner.ckpt is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "no job has checkpoints here")
+            raise errors.NotFound("no job has checkpoints here")
         records = await asyncio.to_thread(runner.ckpt.list)
         return T.ListCheckpointsResponse(checkpoints=[r.to_proto() for r in records])
