@@ -6,9 +6,10 @@ of prompt + tokens so far is recomputed under them). Weights arrive as pushed de
 (StageDelta), from a relay through the delta subscriber (when a relay is configured), as Mooncake buckets
 (PullBuckets) or as a full checkpoint (LoadCheckpoint); Commit applies a staged chain at a safe point.
 
-The actor registers with the resource manager (pool, hardware tags) and, when a ledger is configured,
-with the ledger: ActorHeartbeat carries its version state and tokens/s, and it executes the ledger's
-commands (Commit, lease cancellations, drain, relay switch).
+The weight state (active, staged, executed orders) has one owner, ``weights.WeightManager``; this
+servicer validates requests and calls it. The actor registers with the resource manager (pool, hardware
+tags) and, when a ledger is configured, with the ledger through ``ledger_agent.LedgerAgent`` (heartbeats
+with its version state and tokens/s; the ledger's commands), for which it implements ``ActorCommands``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +31,15 @@ import numpy as np
 from grpc import aio
 
 from rollart.discovery import Registration, resource_manager_channel
-from rollart.runtime.client import channel as make_channel
 from rollart.runtime.telemetry import log_fields
-from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2
+from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2, ledger_pb2
 from rollart.v1 import resource_manager_pb2 as rm
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
 from .config import ActorConfig
 from .engine import ABORT, KEEP, WAIT, ActorEngine, EngineError, Track
-from .weights import HostWeights, Staging, WeightError, WeightManager, _dur, _ts, load_weight_files
+from .ledger_agent import ActorReport, LedgerAgent
+from .weights import HostWeights, WeightError, WeightManager, _dur, _ts, load_weight_files
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,7 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         self.cfg = cfg
         self.engine = ActorEngine(cfg, version=cfg.weight_version)
         self.host: HostWeights | None = None
-        self.staging = Staging(key=cfg.key(), job=cfg.job_id, max_versions=cfg.max_staged_versions)
-        self.manager: WeightManager | None = None
+        self.manager: WeightManager | None = None  # the one owner of the weight state (from start())
         self.actor_id = cfg.actor_id or ""
         self.endpoint = ""
         self.hardware = common_pb2.Hardware()
@@ -144,15 +144,10 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             checkpoint_store=ws.checkpoint_store or "",
             mooncake_master=cfg.mooncake_master or "",
         )
-        self.subscriber: Any = None
         self.registration: Registration | None = None
+        self.ledger: LedgerAgent | None = None
         self.draining = False
         self._tasks: set[asyncio.Task] = set()
-        self._ledger_stub: Any = None
-        self._ledger_channel: aio.Channel | None = None
-        self._ledger_registered = False
-        self._heartbeat_tokens = 0
-        self._heartbeat_at = time.monotonic()
 
     # ---------------------------------------------------------------------------------------------- lifecycle
 
@@ -176,7 +171,14 @@ class ActorService(actor_pb2_grpc.ActorServicer):
                 seconds=round(time.perf_counter() - t0, 2), engine=self.engine.engine_desc, model=str(model)
             ),
         )
-        self.manager = WeightManager(self.host, self.staging, self.engine, self.engine.work_dir)
+        self.manager = WeightManager(
+            self.host,
+            self.engine,
+            self.engine.work_dir,
+            key=cfg.key(),
+            job=cfg.job_id,
+            max_staged_versions=cfg.max_staged_versions,
+        )
         self._spawn(self._watch_engine())
 
     async def on_serving(self, address: str) -> None:
@@ -188,10 +190,17 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         if self.cfg.resource_manager:
             await self._register_rm()
         if self.cfg.ledger:
-            self._spawn(self._ledger_loop())
-            self._spawn(self._ledger_commands())
+            self.ledger = LedgerAgent(
+                endpoint=self.cfg.ledger,
+                actor_id=self.actor_id,
+                actor=self,
+                token=self.cfg.token(),
+                tls=self.cfg.tls,
+                heartbeat_seconds=self.cfg.ledger_heartbeat_seconds,
+            )
+            self.ledger.start()
         if self.weight_source.relay_endpoint:
-            await self._start_subscriber()
+            self._follow_relay()
 
     def ready_info(self) -> dict[str, Any]:
         return {"actor_id": self.actor_id, "model": self.engine.model_name, "version": self.engine.version}
@@ -200,18 +209,11 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.subscriber is not None:
+        if self.manager is not None:
             with contextlib.suppress(Exception):
-                await self.subscriber.stop()
-        if self._ledger_stub is not None and self._ledger_registered:
-            from rollart.v1 import ledger_pb2
-
-            with contextlib.suppress(Exception):
-                await self._ledger_stub.LeaveActor(
-                    ledger_pb2.LeaveActorRequest(actor_id=self.actor_id, reason="shutdown"), timeout=3
-                )
-        if self._ledger_channel is not None:
-            await self._ledger_channel.close()
+                await self.manager.unfollow()
+        if self.ledger is not None:
+            await self.ledger.stop()
         if self.registration is not None:
             await self.registration.stop()
         for t in list(self.engine.tracks.values()):
@@ -556,12 +558,12 @@ class ActorService(actor_pb2_grpc.ActorServicer):
     # ------------------------------------------------------------------------------------------ weights
 
     async def StageDelta(self, request_iterator: Any, context: aio.ServicerContext):
-        assert self.host is not None
+        assert self.manager is not None
         accepted = duplicates = 0
         touched: list[int] = []
         async for msg in request_iterator:
             try:
-                new = self.staging.add_segment(msg, self.host, source="push")
+                new = self.manager.stage_segment(msg, source="push")
             except WeightError as exc:
                 await _abort(context, exc.code, str(exc))
                 return
@@ -571,21 +573,14 @@ class ActorService(actor_pb2_grpc.ActorServicer):
                 duplicates += 1
             if msg.version not in touched:
                 touched.append(msg.version)
-        staged = [s for v in touched for s in self.staging.staged(v)]
+        staged = [s for v in touched for s in self.manager.staged(v)]
         return actor_pb2.StageDeltaResponse(staged=staged, accepted=accepted, duplicates=duplicates)
 
     async def GetStaging(self, request: actor_pb2.GetStagingRequest, context: aio.ServicerContext):
-        staged = self.staging.staged(request.version)
-        if self.subscriber is not None:
-            mine = {s.version for s in staged}
-            staged += [
-                s
-                for s in self.subscriber.status().staged
-                if s.version not in mine and request.version in (0, s.version)
-            ]
-            staged.sort(key=lambda s: s.version)
-        resp = actor_pb2.GetStagingResponse(staged=staged)
-        for v, seqs in self.staging.missing(request.version).items():
+        if self.manager is None:
+            return actor_pb2.GetStagingResponse()
+        resp = actor_pb2.GetStagingResponse(staged=self.manager.staged(request.version))
+        for v, seqs in self.manager.missing(request.version).items():
             resp.missing[v].sequences.extend(seqs)
         return resp
 
@@ -610,38 +605,12 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         return actor_pb2.ActorCommitResponse(result=result, duplicate=duplicate)
 
     async def _commit(self, order: common_pb2.CommitOrder) -> tuple[actor_pb2.WeightUpdateResult, bool]:
-        """Apply an order from the staged chain; else through the subscriber (relay catch-up) when there is one."""
+        """Apply an order (the manager gathers missing deltas from the relay when one is followed)."""
         assert self.manager is not None
         outcome, duplicate = await self.manager.commit(order)
-        if outcome.error is not None and outcome.error.code == "FAILED_PRECONDITION" and self.subscriber is not None:
-            before = self.host.version if self.host is not None else 0
-            try:
-                res = await self.subscriber.commit(order)
-            except Exception as exc:  # noqa: BLE001 - CommitError and transport errors alike
-                code = getattr(exc, "code", "UNAVAILABLE")
-                raise WeightError(
-                    code if code in grpc.StatusCode.__members__ else "UNAVAILABLE",
-                    f"{outcome.error}; through the relay: {exc}",
-                ) from None
-            last = self.manager.last_update
-            if last is not None and last.to_version == order.version:
-                return last, False
-            return actor_pb2.WeightUpdateResult(
-                from_version=before, to_version=res.version, hash=res.hash, applied=bool(res.applied)
-            ), False
         if outcome.error is not None:
             raise outcome.error
-        self._sync_subscriber()
         return outcome.result, duplicate
-
-    def _sync_subscriber(self) -> None:
-        sub = self.subscriber
-        if sub is None or self.host is None:
-            return
-        sub.active_version = self.host.version
-        sub.active_hash = self.host.hash or None
-        for v in [v for v in sub.staged if v <= self.host.version]:
-            del sub.staged[v]
 
     async def LoadCheckpoint(self, request: actor_pb2.LoadCheckpointRequest, context: aio.ServicerContext):
         assert self.manager is not None and self.host is not None
@@ -665,7 +634,7 @@ class ActorService(actor_pb2_grpc.ActorServicer):
                     )
             replay = []
             if request.replay_to_version:
-                _, replay = self.staging.plan(request.version, request.replay_to_version)
+                replay = self.manager.replay_chain(request.version, request.replay_to_version)
             result = await self.manager.load_full(
                 ws,
                 request.version,
@@ -679,7 +648,6 @@ class ActorService(actor_pb2_grpc.ActorServicer):
                 self.manager.last_error = str(exc)
             await _abort(context, exc.code, str(exc))
             return
-        self._sync_subscriber()
         return result
 
     def _open_checkpoint(self, uri: str, version: int) -> tuple[Any, Path | None]:
@@ -721,8 +689,6 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             if request.hash and ws.applied_hash != request.hash:
                 raise WeightError("DATA_LOSS", f"the pulled v{request.version} does not match the requested h(v)")
             pull_s = time.perf_counter() - t0
-            assert self.host is not None
-            self.host.check_full(ws)
             resp = actor_pb2.PullBucketsResponse(pull_time=_dur(pull_s))
             if request.apply:
                 resp.applied.CopyFrom(
@@ -730,18 +696,18 @@ class ActorService(actor_pb2_grpc.ActorServicer):
                         ws, request.version, artifact="buckets", mode=PAUSE_MODES[request.pause_mode]
                     )
                 )
-                self._sync_subscriber()
             else:
-                e = self.staging.add_full(
-                    request.version,
-                    ws,
-                    ws.applied_hash or b"",
-                    artifact="buckets",
-                    source="mooncake",
-                    parts=len(keys),
-                    nbytes=pulled.nbytes,
+                resp.staged.CopyFrom(
+                    self.manager.stage_full(
+                        request.version,
+                        ws,
+                        ws.applied_hash or b"",
+                        artifact="buckets",
+                        source="mooncake",
+                        parts=len(keys),
+                        nbytes=pulled.nbytes,
+                    )
                 )
-                resp.staged.CopyFrom(e.proto())
         except WeightError as exc:
             self.manager.last_error = str(exc)
             await _abort(context, exc.code, str(exc))
@@ -788,12 +754,11 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             mooncake_master=src.mooncake_master,
         )
         self.weight_source = new
-        if self.subscriber is not None:
-            await self.subscriber.stop()
-            self.subscriber = None
+        assert self.manager is not None
+        await self.manager.unfollow()
         if new.relay_endpoint:
             try:
-                await self._start_subscriber()
+                self._follow_relay()
             except WeightError as exc:
                 await _abort(context, exc.code, str(exc))
         return self._weight_source_proto()
@@ -801,43 +766,30 @@ class ActorService(actor_pb2_grpc.ActorServicer):
     def _weight_source_proto(self) -> actor_pb2.WeightSource:
         out = actor_pb2.WeightSource()
         out.CopyFrom(self.weight_source)
-        sub = self.subscriber
-        if sub is not None:
-            out.active_endpoint = sub.follower.active_endpoint or ""
-            out.connected = bool(sub.follower.connected)
+        source = self.manager.source if self.manager is not None else None
+        if source is not None:
+            out.active_endpoint = source.active_endpoint or ""
+            out.connected = bool(source.connected)
         return out
 
-    async def _start_subscriber(self) -> None:
-        """Follow the relay with the delta subscriber; it commits through the same safe point."""
-        key = self.cfg.key()
-        if key is None:
-            raise WeightError("FAILED_PRECONDITION", "a relay needs the job key (job_key) to verify deltas")
-        try:
-            from rollart.weights.subscriber import WeightSubscriber
-        except ImportError as exc:
-            raise WeightError("FAILED_PRECONDITION", f"the delta subscriber is not available: {exc}") from None
+    def _follow_relay(self) -> None:
+        """Follow the configured relay: its deltas stage in the manager, its commit orders commit there."""
+        ws = self.weight_source
         store = None
-        if self.weight_source.checkpoint_store:
+        if ws.checkpoint_store:
             from rollart.weights.checkpoint_store import open_store
 
-            store = open_store(self.weight_source.checkpoint_store)
-        ws = self.weight_source
-        assert self.host is not None
-        self.subscriber = WeightSubscriber(
+            store = open_store(ws.checkpoint_store)
+        assert self.manager is not None
+        self.manager.follow(
             subscriber_id=self.actor_id,
-            job=self.cfg.job_id,
-            key=key,
             token=self.cfg.token(),
             sources=[ws.relay_endpoint, *ws.fallback_endpoints],
-            engine=_SubscriberEngine(self),
-            version=self.host.version,
-            checkpoint_store=store,
             streams=ws.streams or 4,
             region=self.cfg.region,
             tls=self.cfg.tls,
+            checkpoint_store=store,
         )
-        self.subscriber.active_hash = self.host.hash or None
-        await self.subscriber.start(bootstrap=False)
         log.info("following relay %s", ws.relay_endpoint)
 
     # ------------------------------------------------------------------------------------------- status
@@ -848,11 +800,8 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             loaded=host is not None and self.engine.ready,
             active_version=self.engine.version,
             active_hash=host.hash if host is not None else b"",
-            staged=self.staging.staged(),
+            staged=self.manager.staged() if self.manager is not None else [],
         )
-        if self.subscriber is not None:
-            mine = {s.version for s in st.staged}
-            st.staged.extend(s for s in self.subscriber.status().staged if s.version not in mine)
         if self.engine.updating:
             st.updating = True
             st.updating_to = self.engine.updating_to
@@ -912,28 +861,10 @@ class ActorService(actor_pb2_grpc.ActorServicer):
                 st.requests.append(info)
         return st
 
-    # ------------------------------------------------------------------------------------------- ledger
+    # ------------------------------------------------------------------------ the ledger agent's view
 
-    def _ledger(self) -> Any:
-        if self._ledger_stub is None:
-            from rollart.v1 import ledger_pb2_grpc
-
-            assert self.cfg.ledger is not None
-            svc = "rollart.v1.Ledger"
-            self._ledger_channel = make_channel(
-                self.cfg.ledger,
-                token=self.cfg.token(),
-                tls=self.cfg.tls,
-                idempotent=(f"{svc}/RegisterActor", f"{svc}/ActorHeartbeat", f"{svc}/AckCommand"),
-                default_timeout=10.0,
-            )
-            self._ledger_stub = ledger_pb2_grpc.LedgerStub(self._ledger_channel)
-        return self._ledger_stub
-
-    async def _ledger_register(self) -> float:
-        from rollart.v1 import ledger_pb2
-
-        actor = ledger_pb2.LedgerActor(
+    def ledger_actor(self) -> ledger_pb2.LedgerActor:
+        return ledger_pb2.LedgerActor(
             actor_id=self.actor_id,
             endpoint=self.endpoint,
             region=self.cfg.region,
@@ -943,154 +874,37 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             pd_role=PD_ROLES[self.cfg.pd_role],
             labels={"model": self.engine.model_name},
         )
-        resp = await self._ledger().RegisterActor(ledger_pb2.RegisterActorRequest(actor=actor))
-        self._ledger_registered = True
-        interval = resp.heartbeat_interval.ToNanoseconds() / 1e9
-        log.info(
-            "registered with the ledger", extra=log_fields(actor_id=self.actor_id, latest_version=resp.latest_version)
+
+    def report(self) -> ActorReport:
+        return ActorReport(
+            weights=self.weight_state(),
+            generated_tokens=self.engine.generated_total,
+            in_flight_requests=self.engine.in_flight(),
+            draining=self.draining,
         )
-        return interval if interval > 0 else self.cfg.ledger_heartbeat_seconds
 
-    async def _ledger_loop(self) -> None:
-        from rollart.v1 import ledger_pb2
+    async def commit(self, order: common_pb2.CommitOrder) -> str:
+        try:
+            await self._commit(order)
+        except WeightError as exc:
+            return f"{exc.code}: {exc}"
+        return ""
 
-        interval = self.cfg.ledger_heartbeat_seconds
-        backoff = 0.5
-        while not self._ledger_registered:
+    async def cancel_leases(self, trajectory_ids: Sequence[str]) -> str:
+        await self.engine.abort((), trajectory_ids)
+        return ""
+
+    async def set_draining(self, draining: bool) -> str:
+        self.draining = draining
+        return ""
+
+    async def switch_relay(self, endpoint: str) -> str:
+        self.weight_source.relay_endpoint = endpoint
+        assert self.manager is not None
+        await self.manager.unfollow()
+        if endpoint:
             try:
-                interval = min(await self._ledger_register(), self.cfg.ledger_heartbeat_seconds)
-            except aio.AioRpcError as exc:
-                log.warning("ledger registration failed: %s %s", exc.code().name, exc.details())
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-        while True:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            tokens = self.engine.generated_total
-            rate = (tokens - self._heartbeat_tokens) / max(now - self._heartbeat_at, 1e-3)
-            req = ledger_pb2.ActorHeartbeatRequest(
-                actor_id=self.actor_id,
-                weights=self.weight_state(),
-                observed_tokens_per_s=rate,
-                in_flight_requests=self.engine.in_flight(),
-                draining=self.draining,
-            )
-            try:
-                await self._ledger().ActorHeartbeat(req)
-                self._heartbeat_tokens, self._heartbeat_at = tokens, now
-            except aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.NOT_FOUND:
-                    with contextlib.suppress(aio.AioRpcError):
-                        await self._ledger_register()
-                else:
-                    log.warning("ledger heartbeat failed: %s %s", exc.code().name, exc.details())
-
-    async def _ledger_commands(self) -> None:
-        """Execute the ledger's commands to this actor: Commit(v), lease cancellations, drain, relay switch."""
-        from rollart.v1 import ledger_pb2
-
-        last = 0
-        while True:
-            try:
-                while not self._ledger_registered:
-                    await asyncio.sleep(0.1)
-                call = self._ledger().WatchCommands(
-                    ledger_pb2.WatchCommandsRequest(
-                        subscriber_id=self.actor_id,
-                        kind=ledger_pb2.SUBSCRIBER_KIND_ACTOR,
-                        from_sequence=last,
-                        only_new=last == 0,
-                    ),
-                    timeout=None,
-                )
-                async for cmd in call:
-                    last = max(last, cmd.sequence)
-                    await self._on_command(cmd)
-            except asyncio.CancelledError:
-                raise
-            except aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
-                    last = 0
-                else:
-                    log.warning("ledger command stream: %s %s", exc.code().name, exc.details())
-            await asyncio.sleep(1.0)
-
-    async def _on_command(self, cmd: Any) -> None:
-        from rollart.v1 import ledger_pb2
-
-        kind = cmd.WhichOneof("command")
-        ok, error = True, ""
-        if kind == "commit":
-            order = cmd.commit
-            if order.actor_ids and self.actor_id not in order.actor_ids:
-                return
-            try:
-                await self._commit(order)
+                self._follow_relay()
             except WeightError as exc:
-                ok, error = False, f"{exc.code}: {exc}"
-        elif kind == "cancel_leases":
-            await self.engine.abort((), cmd.cancel_leases.trajectory_ids)
-        elif kind == "drain":
-            self.draining = True
-        elif kind == "undrain":
-            self.draining = False
-        elif kind == "switch_relay":
-            ep = cmd.switch_relay.endpoint
-            self.weight_source.relay_endpoint = ep
-            if self.subscriber is not None:
-                await self.subscriber.stop()
-                self.subscriber = None
-            if ep:
-                try:
-                    await self._start_subscriber()
-                except WeightError as exc:
-                    ok, error = False, str(exc)
-        else:
-            return
-        if cmd.ack_required:
-            with contextlib.suppress(aio.AioRpcError):
-                await self._ledger().AckCommand(
-                    ledger_pb2.AckCommandRequest(
-                        subscriber_id=self.actor_id,
-                        sequence=cmd.sequence,
-                        ok=ok,
-                        error=error,
-                        weights=self.weight_state(),
-                    )
-                )
-
-
-class _SubscriberEngine:
-    """What the delta subscriber applies verified deltas through: the actor's own safe point."""
-
-    def __init__(self, svc: ActorService) -> None:
-        self.svc = svc
-
-    @property
-    def weights(self) -> Any:
-        return self.svc.host.ws if self.svc.host is not None else None
-
-    async def apply_delta(self, delta: Any) -> None:
-        from rollart.delta.errors import BaseMismatchError
-
-        svc = self.svc
-        assert svc.manager is not None and svc.host is not None
-        async with svc.manager.lock:
-            if svc.host.version != delta.base_version:
-                if svc.host.version == delta.version:
-                    return
-                raise BaseMismatchError(
-                    f"delta v{delta.version} is based on v{delta.base_version}, "
-                    f"the active version is v{svc.host.version}"
-                )
-            try:
-                await svc.manager._apply(None, [delta], delta.version, delta.hash, KEEP)
-            except WeightError as exc:
-                svc.manager.last_error = str(exc)
-                raise
-        svc.staging.prune(delta.version)
-
-    async def load_weights(self, weights: Any, version: int) -> None:
-        svc = self.svc
-        assert svc.manager is not None
-        await svc.manager.load_full(weights, version, artifact="checkpoint")
+                return str(exc)
+        return ""

@@ -1,15 +1,37 @@
-"""The actor's weights: its own host copy, staging of pushed deltas and pulled full weights, and commits.
+"""The actor's weights: the host copy, the staged versions, and the one owner of both (WeightManager).
 
 vLLM on CPU prepacks every linear layer and cannot hand its weights back, so the actor keeps the served
 weights itself (:class:`HostWeights`, numpy, bf16 as uint16 bit patterns, memory-mapped copy-on-write from
 the checkpoint). A sparse delta is applied to that copy and the engine then reloads the *whole* tensors it
 touched (every member of a fused group: q, k and v together; gate and up together).
 
-:class:`Staging` holds versions that arrived but are not active: deltas pushed segment by segment
-(``StageDelta``; each segment verified on arrival, the whole delta once its trailer and last segment are
-in) and full weights (Mooncake buckets). :class:`WeightManager` turns a ``Commit(v)`` into the chain from
-the active version to ``v``, checks it against ``h(v)`` and applies it at one safe point; a refused update
-leaves the host copy and the engine on the previous version.
+One owner, one state machine. :class:`WeightManager` owns the actor's whole weight state:
+
+- *active*: the host copy's version and ``h(v)`` (and the recent ``h(v)`` per version that chunks report);
+  it changes only inside the manager, at the safe point where the engine took the new weights.
+- *staged*: one :class:`~rollart.weights.staging.VersionStaging` (the state machine of staged versions:
+  ARRIVING -> STAGED | REJECTED, documented there) fed by pushed segments (:meth:`WeightManager.stage_segment`),
+  full weights (:meth:`WeightManager.stage_full`) and, when the actor follows a relay
+  (:meth:`WeightManager.follow`), a :class:`~rollart.weights.subscriber.DeltaSource` that stages pulled and
+  fetched deltas into the same staging and hands the relay's commit orders to :meth:`WeightManager.commit`.
+- *executed orders* (idempotency per ``order_id``), the last update and its error.
+
+Transitions of the active version (all under ``lock``, one at a time):
+
+- ``commit(order)`` for ``v``: ``v`` below the active version, or equal with the same (or no) ``h(v)``, is a
+  no-op; equal with another ``h(v)`` is ``DATA_LOSS``. Otherwise the staged route active -> ``v`` (full
+  weights first when staged, then deltas, each based on the version before it); when a link is missing
+  and a relay is followed, the source first waits for deltas still arriving and fetches missed ones (and
+  loads a checkpoint when the relay's cache no longer reaches back). No route: ``FAILED_PRECONDITION``,
+  nothing changes. The route's ``h(v)`` must equal the order's (``DATA_LOSS``). Then the route is applied
+  at one safe point: host copy first (undoable), engine second; if the engine refuses, the host copy is
+  restored and the previous version stays active. Committed versions leave staging.
+- ``load_full`` (a checkpoint or pulled buckets, optionally replaying staged deltas): replaces every
+  weight at one safe point, with the same rollback.
+
+Invariants: the active version only grows through commits (a full load may set any version); every
+staged version is above it; a refused update leaves host copy, engine and staging as they were (a staged
+version stays for a later commit).
 
 No vLLM here: the engine is anything with ``update_weights(path, version, mode=..., after_load=...)``.
 """
@@ -21,24 +43,21 @@ import collections
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from rollart.delta import Delta, DeltaStager, ParamMap, WeightSet, apply_delta, load_safetensors, save_safetensors
-from rollart.delta import segment as sg
-from rollart.delta.errors import BaseMismatchError, DeltaError, IncompatibleTargetError
+from rollart.delta import Delta, ParamMap, WeightSet, apply_delta, load_safetensors, save_safetensors
+from rollart.delta.errors import DeltaError, IncompatibleTargetError
 from rollart.v1 import actor_pb2, common_pb2
+from rollart.weights.staging import ARTIFACT, Route, StagingError, VersionStaging, delta_error_code
+
+if TYPE_CHECKING:
+    from rollart.weights.subscriber import DeltaSource
 
 log = logging.getLogger(__name__)
-
-ARTIFACT = {
-    "delta": common_pb2.WEIGHT_ARTIFACT_DELTA,
-    "buckets": common_pb2.WEIGHT_ARTIFACT_BUCKETS,
-    "checkpoint": common_pb2.WEIGHT_ARTIFACT_CHECKPOINT,
-}
 
 
 class WeightError(Exception):
@@ -209,229 +228,7 @@ class HostWeights:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# staging
-
-
-@dataclass
-class StagedEntry:
-    version: int
-    base_version: int  # -1 for full weights
-    artifact: str  # "delta" | "buckets" | "checkpoint"
-    source: str
-    started_at: float = field(default_factory=time.time)
-    completed_at: float | None = None
-    stager: DeltaStager | None = None
-    seqs: set[int] = field(default_factory=set)
-    bytes: int = 0
-    parts_total: int = 0
-    hash: bytes = b""
-    delta: Delta | None = None
-    full: WeightSet | None = None
-    error: str = ""
-
-    @property
-    def ready(self) -> bool:
-        return self.delta is not None or self.full is not None
-
-    def proto(self) -> common_pb2.StagedWeights:
-        msg = common_pb2.StagedWeights(
-            version=self.version,
-            base_version=self.base_version,
-            artifact=ARTIFACT[self.artifact],
-            hash=self.hash,
-            parts_received=len(self.seqs) if self.artifact == "delta" else self.parts_total,
-            parts_total=self.parts_total,
-            bytes_received=self.bytes,
-            complete=self.ready,
-            verified=self.ready,
-            source=self.source,
-            error=self.error,
-        )
-        msg.started_at.CopyFrom(_ts(self.started_at))
-        if self.completed_at is not None:
-            msg.completed_at.CopyFrom(_ts(self.completed_at))
-        return msg
-
-
-def _delta_code(exc: DeltaError) -> str:
-    # The actor's contract: a bad segment (checksum, HMAC, header, trailer) is INVALID_ARGUMENT; a delta
-    # that does not fit the active weights (base, tensors) is FAILED_PRECONDITION.
-    if isinstance(exc, BaseMismatchError | IncompatibleTargetError):
-        return "FAILED_PRECONDITION"
-    return "INVALID_ARGUMENT"
-
-
-class Staging:
-    """Versions staged on this actor: pushed deltas (verified per segment and whole) and full weights."""
-
-    def __init__(self, *, key: bytes | None, job: str, max_versions: int = 8) -> None:
-        self.key = key
-        self.job = job
-        self.max_versions = max_versions
-        self.entries: dict[int, StagedEntry] = {}
-        self.rejected: collections.OrderedDict[int, str] = collections.OrderedDict()
-
-    def add_segment(self, msg: common_pb2.DeltaSegment, host: HostWeights, source: str = "push") -> bool:
-        """Stage one segment. True if new, False for a duplicate (or a version already active).
-
-        Raises WeightError: INVALID_ARGUMENT for a bad segment, FAILED_PRECONDITION for a delta that cannot
-        apply (wrong base, tensors the model lacks). The bad version's staged data is discarded.
-        """
-        if self.key is None:
-            raise WeightError("FAILED_PRECONDITION", "this actor has no job key: it cannot verify deltas")
-        if not msg.data:
-            raise WeightError("INVALID_ARGUMENT", "segment data is empty")
-        try:
-            seg = sg.parse(msg.data, self.key)
-        except DeltaError as exc:
-            raise WeightError("INVALID_ARGUMENT", f"segment {msg.sequence} of v{msg.version}: {exc}") from None
-        fields = (msg.job_id, msg.version, msg.base_version, msg.sequence, msg.trailer)
-        header = (seg.job, seg.version, seg.base_version, seg.seq, seg.is_trailer)
-        if fields != header:
-            raise WeightError(
-                "INVALID_ARGUMENT",
-                f"message fields (job, version, base, sequence, trailer) {fields} disagree with the header {header}",
-            )
-        if seg.job != self.job:
-            raise WeightError("INVALID_ARGUMENT", f"segment belongs to job {seg.job!r}; this actor serves {self.job!r}")
-        v = seg.version
-        if v <= host.version:
-            return False  # already active (or older): re-pushes are harmless
-        e = self.entries.get(v)
-        if e is not None and e.error:
-            del self.entries[v]  # a failed version may be pushed again from scratch
-            e = None
-        if e is not None and e.artifact != "delta":
-            return False  # full weights for v are staged already
-        if e is None:
-            base = seg.base_version
-            based_ok = base == host.version or (base in self.entries and not self.entries[base].error)
-            if not based_ok:
-                why = (
-                    f"delta v{v} is based on v{base}, but the active version is v{host.version} and v{base} "
-                    "is not staged"
-                )
-                self._reject(v, why)
-                raise WeightError("FAILED_PRECONDITION", why)
-            self._make_room()
-            e = StagedEntry(v, base, "delta", source, stager=DeltaStager(self.key, job=self.job, version=v))
-            e.stager.base_version = base  # pinned: a segment with another base is a BaseMismatchError
-            self.entries[v] = e
-        if e.ready:
-            return False
-        if seg.seq in e.seqs:
-            return False
-        try:
-            assert e.stager is not None
-            e.stager.add(seg.raw)
-            e.seqs.add(seg.seq)
-            e.bytes += len(seg.raw)
-            if seg.is_trailer:
-                e.parts_total = seg.segment_count + 1
-                e.hash = seg.hash
-            if e.stager.complete:
-                delta = e.stager.finish()
-                host.check_delta(delta)
-                e.delta, e.stager = delta, None
-                e.hash = delta.hash
-                e.completed_at = time.time()
-                log.info(
-                    "staged v%d (base v%d): %d segments, %d entries",
-                    v,
-                    e.base_version,
-                    len(e.seqs),
-                    delta.total_entries,
-                )
-        except DeltaError as exc:
-            why = f"v{v} segment {seg.seq}: {type(exc).__name__}: {exc}"
-            self._discard(e, why)
-            raise WeightError(_delta_code(exc), why) from None
-        return True
-
-    def add_full(
-        self, version: int, ws: WeightSet, hash_: bytes, *, artifact: str, source: str, parts: int, nbytes: int
-    ) -> StagedEntry:
-        self._make_room(version)
-        e = StagedEntry(version, -1, artifact, source, parts_total=parts, bytes=nbytes, hash=hash_, full=ws)
-        e.completed_at = time.time()
-        self.entries[version] = e
-        return e
-
-    def _make_room(self, new: int | None = None) -> None:
-        if new is not None and new in self.entries:
-            return
-        while len(self.entries) >= self.max_versions:
-            victims = sorted((v for v, e in self.entries.items() if e.error or not e.ready)) or sorted(self.entries)
-            dropped = victims[0]
-            log.warning("staging full: dropping v%d", dropped)
-            del self.entries[dropped]
-
-    def _reject(self, version: int, why: str) -> None:
-        self.rejected[version] = why
-        while len(self.rejected) > 64:
-            self.rejected.popitem(last=False)
-
-    def _discard(self, e: StagedEntry, why: str) -> None:
-        e.error = why
-        e.stager = None
-        e.delta = None
-        e.full = None
-        e.seqs.clear()
-        e.bytes = 0
-        e.completed_at = time.time()
-        self._reject(e.version, why)
-        log.warning("staging of v%d discarded: %s", e.version, why)
-
-    def prune(self, active: int) -> None:
-        for v in [v for v in self.entries if v <= active]:
-            del self.entries[v]
-
-    def plan(self, active: int, target: int) -> tuple[StagedEntry | None, list[Delta]]:
-        """The staged route from ``active`` to ``target``: optional full weights, then deltas in order."""
-        full = None
-        fulls = [e for e in self.entries.values() if e.full is not None and active < e.version <= target]
-        if fulls:
-            full = max(fulls, key=lambda e: e.version)
-        cur = full.version if full is not None else active
-        deltas: list[Delta] = []
-        while cur < target:
-            nxt = [
-                e
-                for e in self.entries.values()
-                if e.delta is not None and e.delta.base_version == cur and e.version <= target
-            ]
-            if not nxt:
-                raise WeightError("FAILED_PRECONDITION", self._why_missing(cur, target))
-            e = min(nxt, key=lambda e: e.version)
-            assert e.delta is not None
-            deltas.append(e.delta)
-            cur = e.version
-        return full, deltas
-
-    def _why_missing(self, cur: int, target: int) -> str:
-        arriving = [e for e in self.entries.values() if e.base_version == cur and not e.ready and not e.error]
-        if arriving:
-            e = arriving[0]
-            total = f"{e.parts_total}" if e.parts_total else "?"
-            return f"delta v{e.version} (based on v{cur}) is still arriving: {len(e.seqs)} of {total} segments"
-        for v in range(cur + 1, target + 1):
-            if v in self.rejected:
-                return f"v{v} was rejected: {self.rejected[v]}"
-        return f"no staged delta is based on v{cur} (needed to reach v{target})"
-
-    def staged(self, version: int = 0) -> list[common_pb2.StagedWeights]:
-        return [self.entries[v].proto() for v in sorted(self.entries) if version in (0, v)]
-
-    def missing(self, version: int = 0) -> dict[int, list[int]]:
-        out = {}
-        for v, e in sorted(self.entries.items()):
-            if version in (0, v) and e.stager is not None and e.parts_total and not e.ready:
-                out[v] = e.stager.missing()
-        return out
-
-
-# ---------------------------------------------------------------------------------------------------------
-# commits
+# the owner
 
 
 class UpdatingEngine(Protocol):
@@ -453,18 +250,31 @@ class Outcome:
 
 
 class WeightManager:
-    """Applies staged versions, checkpoints and buckets to the host copy and the engine, one at a time."""
+    """The actor's one owner of weight state (active, staged, orders). See the module docstring."""
 
-    def __init__(self, host: HostWeights, staging: Staging, engine: UpdatingEngine, work_dir: Path) -> None:
+    def __init__(
+        self,
+        host: HostWeights,
+        engine: UpdatingEngine,
+        work_dir: Path,
+        *,
+        key: bytes | None,
+        job: str,
+        max_staged_versions: int = 8,
+        commit_timeout: float = 60.0,
+    ) -> None:
         self.host = host
-        self.staging = staging
+        self.staging = VersionStaging(key=key, job=job, max_versions=max_staged_versions, fits=host.check_delta)
         self.engine = engine
         self.work_dir = Path(work_dir)
+        self.commit_timeout = commit_timeout  # how long a commit waits for a relay's deltas
         self.lock = asyncio.Lock()
         self.orders: collections.OrderedDict[str, Outcome] = collections.OrderedDict()
         self.last_update: actor_pb2.WeightUpdateResult | None = None
         self.last_error = ""
         self.updating_to: int | None = None
+        self.source: DeltaSource | None = None
+        self.checkpoint_store: Any = None  # with a relay: where a commit loads a checkpoint the relay no longer covers
         self._n = 0
         self._inflight_orders: dict[str, asyncio.Task] = {}
 
@@ -474,6 +284,86 @@ class WeightManager:
         d.mkdir(parents=True, exist_ok=True)
         return d / f"v{version}-{self._n}.safetensors"
 
+    # ------------------------------------------------------------------------------------------- staging
+
+    def stage_segment(self, msg: common_pb2.DeltaSegment, source: str = "push") -> bool:
+        """Stage one pushed segment. True if new, False for a duplicate (or a version already active).
+
+        Raises WeightError: INVALID_ARGUMENT for a bad segment, FAILED_PRECONDITION for a delta that cannot
+        apply (a base neither active nor staged, tensors the model lacks); such a version is discarded.
+        """
+        try:
+            return self.staging.stage_message(msg, self.host.version, source=source, pushed=True)
+        except StagingError as exc:
+            raise WeightError(exc.code, str(exc)) from None
+
+    def stage_full(
+        self, version: int, ws: WeightSet, hash_: bytes, *, artifact: str, source: str, parts: int, nbytes: int
+    ) -> common_pb2.StagedWeights:
+        """Stage verified full weights for a later commit (they must fit the served model)."""
+        self.host.check_full(ws)
+        e = self.staging.add_full(version, ws, hash_, artifact=artifact, source=source, parts=parts, nbytes=nbytes)
+        return e.proto()
+
+    def staged(self, version: int = 0) -> list[common_pb2.StagedWeights]:
+        return self.staging.staged(version)
+
+    def missing(self, version: int = 0) -> dict[int, list[int]]:
+        return self.staging.missing(version)
+
+    def replay_chain(self, from_version: int, to_version: int) -> list[Delta]:
+        """The staged deltas from ``from_version`` to ``to_version`` (to replay after full weights)."""
+        try:
+            return self.staging.route(from_version, to_version).deltas
+        except StagingError as exc:
+            raise WeightError(exc.code, str(exc)) from None
+
+    # ------------------------------------------------------------------------------------------- a relay
+
+    def follow(
+        self,
+        *,
+        subscriber_id: str,
+        token: str | None,
+        sources: list[str],
+        streams: int = 4,
+        region: str = "",
+        tls: Any = None,
+        checkpoint_store: Any = None,
+    ) -> DeltaSource:
+        """Follow a relay (and its fallbacks): its deltas stage here, its commit orders commit here."""
+        from rollart.weights.subscriber import DeltaSource
+
+        if self.staging.key is None:
+            raise WeightError("FAILED_PRECONDITION", "a relay needs the job key (job_key) to verify deltas")
+        source = DeltaSource(
+            subscriber_id=subscriber_id,
+            job=self.staging.job,
+            key=self.staging.key,
+            token=token,
+            sources=sources,
+            staging=self.staging,
+            active=lambda: self.host.version,
+            on_commit=self._commit_from_source,
+            streams=streams,
+            region=region,
+            tls=tls,
+        )
+        self.source, self.checkpoint_store = source, checkpoint_store
+        source.start()
+        return source
+
+    async def unfollow(self) -> None:
+        """Stop following the relay (staged versions stay)."""
+        source, self.source, self.checkpoint_store = self.source, None, None
+        if source is not None:
+            await source.stop()
+
+    async def _commit_from_source(self, order: common_pb2.CommitOrder) -> None:
+        outcome, _ = await self.commit(order)
+        if outcome.error is not None:
+            raise outcome.error  # the follower logs it; last_error has it
+
     # -------------------------------------------------------------------------------------------- commit
 
     async def commit(self, order: common_pb2.CommitOrder, mode: str = "keep") -> tuple[Outcome, bool]:
@@ -482,8 +372,7 @@ class WeightManager:
         if oid and oid in self.orders:
             return self.orders[oid], True
         if oid and oid in self._inflight_orders:  # the same order twice at once: wait for the first
-            await asyncio.shield(self._inflight_orders[oid])
-            return self.orders[oid], True
+            return await asyncio.shield(self._inflight_orders[oid]), True
         task = asyncio.ensure_future(self._commit(order, mode))
         if oid:
             self._inflight_orders[oid] = task
@@ -515,10 +404,13 @@ class WeightManager:
                 )
                 return Outcome(res)
             try:
-                full, deltas = self.staging.plan(active, v)
+                route = await self._route(active, v)
             except WeightError as exc:
                 return self._failed(exc)
-            final_hash = deltas[-1].hash if deltas else (full.hash if full is not None else b"")
+            if self.host.version >= v:  # a checkpoint of v itself was loaded on the way
+                assert self.last_update is not None
+                return Outcome(self.last_update)
+            final_hash = route.hash
             if order.hash and final_hash and order.hash != final_hash:
                 return self._failed(
                     WeightError(
@@ -528,22 +420,59 @@ class WeightManager:
                     )
                 )
             try:
-                res = await self._apply(full, deltas, v, final_hash, mode)
+                res = await self._apply(route, mode)
             except WeightError as exc:
                 return self._failed(exc)
             self.staging.prune(v)
             return Outcome(res)
+
+    async def _route(self, active: int, target: int) -> Route:
+        """The staged route active -> target; with a relay followed, gathered from it first. Under the lock."""
+        try:
+            return self.staging.route(active, target)
+        except StagingError as exc:
+            if self.source is None:
+                raise WeightError(exc.code, str(exc)) from None
+        deadline = time.monotonic() + self.commit_timeout
+        try:
+            await self.source.gather(active, target, deadline)
+        except StagingError as exc:
+            if not (exc.out_of_range and exc.at == active and self.checkpoint_store is not None):
+                raise WeightError(exc.code, str(exc)) from None
+            # The relay's cache no longer reaches back to the active version: the newest checkpoint first.
+            loaded = await self._load_checkpoint(target)
+            if loaded <= active:
+                raise WeightError(exc.code, str(exc)) from None
+            active = loaded
+            if active < target:
+                try:
+                    await self.source.gather(active, target, deadline)
+                except StagingError as again:
+                    raise WeightError(again.code, str(again)) from None
+        try:
+            return self.staging.route(active, target)
+        except StagingError as exc:
+            raise WeightError(exc.code, str(exc)) from None
+
+    async def _load_checkpoint(self, at_most: int) -> int:
+        store = self.checkpoint_store
+        info = await asyncio.to_thread(store.latest, at_most)
+        if info is None:
+            raise WeightError("FAILED_PRECONDITION", f"the checkpoint store holds no checkpoint <= {at_most}")
+        ws = await asyncio.to_thread(store.open, info.version, writable=True)
+        await self._load_full(ws, info.version, artifact="checkpoint")
+        log.info("loaded checkpoint v%d (%d bytes) to catch up", info.version, info.size)
+        return info.version
 
     def _failed(self, exc: WeightError) -> Outcome:
         self.last_error = str(exc)
         log.warning("weight update refused (%s): %s", exc.code, exc)
         return Outcome(actor_pb2.WeightUpdateResult(), exc)
 
-    async def _apply(
-        self, full: StagedEntry | None, deltas: list[Delta], to_version: int, final_hash: bytes, mode: str
-    ) -> actor_pb2.WeightUpdateResult:
+    async def _apply(self, route: Route, mode: str) -> actor_pb2.WeightUpdateResult:
         """Host copy first (undoable), then the engine at a safe point; the host is restored if the engine
         refuses."""
+        full, deltas, to_version, final_hash = route.full, route.deltas, route.to_version, route.hash
         from_version = self.host.version
         self.updating_to = to_version
         try:
@@ -552,7 +481,7 @@ class WeightManager:
                 assert full.full is not None
                 self.host.check_full(full.full)
                 old_ws = self.host.ws
-                full.full.version, full.full.applied_hash = full.version, full.hash or None
+                full.full.version, full.full.applied_hash = full.version, full.full_hash or None
                 self.host.ws = full.full
             try:
                 t0 = time.perf_counter()
@@ -560,7 +489,7 @@ class WeightManager:
             except DeltaError as exc:
                 if old_ws is not None:
                     self.host.ws = old_ws
-                raise WeightError(_delta_code(exc), f"applying the staged deltas failed: {exc}") from None
+                raise WeightError(delta_error_code(exc), f"applying the staged deltas failed: {exc}") from None
             if full is None and not touched:
                 # An empty delta (no weight changed: e.g. a training step whose groups all had equal rewards)
                 # only switches the version: nothing to reload, no KV cache to recompute. (rollart-trainer)
@@ -640,6 +569,8 @@ class WeightManager:
 
     # -------------------------------------------------------------------------------------- full weights
 
+    # -------------------------------------------------------------------------------------- full weights
+
     async def load_full(
         self,
         ws: WeightSet,
@@ -649,58 +580,70 @@ class WeightManager:
         source_path: Path | None = None,
         replay: list[Delta] | None = None,
         mode: str = "keep",
-        final_hash: bytes | None = None,
     ) -> actor_pb2.WeightUpdateResult:
         """Replace all weights (a checkpoint or pulled buckets), optionally replaying deltas after them."""
         async with self.lock:
-            self.host.check_full(ws)
-            from_version = self.host.version
-            self.updating_to = replay[-1].version if replay else version
-            old_ws = self.host.ws
-            ws.version = version
-            ws.applied_hash = ws.applied_hash if final_hash is None or not replay else ws.applied_hash
-            new = HostWeights(ws, version, ws.applied_hash)
-            entries = 0
-            try:
-                if replay:
-                    try:
-                        _, entries, _ = await asyncio.to_thread(new.apply_chain, replay)
-                    except DeltaError as exc:
-                        raise WeightError(_delta_code(exc), f"replaying deltas failed: {exc}") from None
-                to_version = new.version
-                to_hash = new.hash or None
-                if source_path is not None and not replay:
-                    path, cleanup = source_path, False
-                    nbytes = int(sum(a.nbytes for a in ws.arrays.values()))
-                else:
-                    path, cleanup = self._payload_path(to_version), True
-                    nbytes = await asyncio.to_thread(new.write, path)
-
-                def committed() -> None:
-                    self.host.ws = new.ws
-                    self.host.pm = new.pm
-                    self.host.set_version(to_version, to_hash)
-
-                try:
-                    stats = await self.engine.update_weights(str(path), to_version, mode=mode, after_load=committed)
-                except BaseException as exc:
-                    self.host.ws = old_ws
-                    if isinstance(exc, WeightError):
-                        raise
-                    raise WeightError(getattr(exc, "code", "INTERNAL"), str(exc)) from None
-                finally:
-                    if cleanup:
-                        path.unlink(missing_ok=True)
-            finally:
-                self.updating_to = None
-            self.staging.prune(to_version)
-            return self._result(
-                stats,
-                from_version,
-                to_version,
-                artifact,
-                len(replay or []),
-                stats.rpc.get("tensors", 0),
-                entries,
-                nbytes,
+            return await self._load_full(
+                ws, version, artifact=artifact, source_path=source_path, replay=replay, mode=mode
             )
+
+    async def _load_full(
+        self,
+        ws: WeightSet,
+        version: int,
+        *,
+        artifact: str,
+        source_path: Path | None = None,
+        replay: list[Delta] | None = None,
+        mode: str = "keep",
+    ) -> actor_pb2.WeightUpdateResult:
+        self.host.check_full(ws)
+        from_version = self.host.version
+        self.updating_to = replay[-1].version if replay else version
+        old_ws = self.host.ws
+        ws.version = version
+        new = HostWeights(ws, version, ws.applied_hash)
+        entries = 0
+        try:
+            if replay:
+                try:
+                    _, entries, _ = await asyncio.to_thread(new.apply_chain, replay)
+                except DeltaError as exc:
+                    raise WeightError(delta_error_code(exc), f"replaying deltas failed: {exc}") from None
+            to_version = new.version
+            to_hash = new.hash or None
+            if source_path is not None and not replay:
+                path, cleanup = source_path, False
+                nbytes = int(sum(a.nbytes for a in ws.arrays.values()))
+            else:
+                path, cleanup = self._payload_path(to_version), True
+                nbytes = await asyncio.to_thread(new.write, path)
+
+            def committed() -> None:
+                self.host.ws = new.ws
+                self.host.pm = new.pm
+                self.host.set_version(to_version, to_hash)
+
+            try:
+                stats = await self.engine.update_weights(str(path), to_version, mode=mode, after_load=committed)
+            except BaseException as exc:
+                self.host.ws = old_ws
+                if isinstance(exc, WeightError):
+                    raise
+                raise WeightError(getattr(exc, "code", "INTERNAL"), str(exc)) from None
+            finally:
+                if cleanup:
+                    path.unlink(missing_ok=True)
+        finally:
+            self.updating_to = None
+        self.staging.prune(to_version)
+        return self._result(
+            stats,
+            from_version,
+            to_version,
+            artifact,
+            len(replay or []),
+            stats.rpc.get("tensors", 0),
+            entries,
+            nbytes,
+        )

@@ -15,7 +15,7 @@ import pytest
 
 from rollart.delta import WeightSet, load_safetensors, save_safetensors
 from rollart.v1 import common_pb2
-from rollart_actor.weights import HostWeights, Staging, WeightError, WeightManager
+from rollart_actor.weights import HostWeights, WeightError, WeightManager
 from tests.unit.actor.actor_testlib import JOB, KEY, delta_segments, layer_projections, perturb, qwen_like
 
 
@@ -64,9 +64,8 @@ def model(tmp_path: Path) -> Path:
 
 def _setup(model: Path, tmp_path: Path):
     host = HostWeights.load(model, 0)
-    staging = Staging(key=KEY, job=JOB)
     engine = FakeEngine(host.ws)
-    return host, staging, engine, WeightManager(host, staging, engine, tmp_path / "work")
+    return host, engine, WeightManager(host, engine, tmp_path / "work", key=KEY, job=JOB)
 
 
 def _same(a: WeightSet, arrays: dict) -> bool:
@@ -74,15 +73,15 @@ def _same(a: WeightSet, arrays: dict) -> bool:
 
 
 def test_pushed_segments_out_of_order_with_duplicates_stage_and_commit_bit_exact(model: Path, tmp_path: Path) -> None:
-    host, staging, engine, mgr = _setup(model, tmp_path)
+    host, engine, mgr = _setup(model, tmp_path)
     base = load_safetensors(model / "model.safetensors")
     v1 = perturb(base, layer_projections(base, 1), seed=1)
     msgs, h1 = delta_segments(base, v1, version=1, base_version=0)
     assert len(msgs) > 3
     order = list(reversed(msgs)) + msgs[:2]  # trailer first, then every segment, then two repeats
-    new = [staging.add_segment(m, host) for m in order]
+    new = [mgr.stage_segment(m) for m in order]
     assert sum(new) == len(msgs) and new[-2:] == [False, False]
-    [st] = staging.staged(1)
+    [st] = mgr.staged(1)
     assert st.complete and st.verified and st.hash == h1 and st.parts_total == len(msgs)
 
     outcome, dup = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="o1", version=1, hash=h1)))
@@ -95,21 +94,21 @@ def test_pushed_segments_out_of_order_with_duplicates_stage_and_commit_bit_exact
     assert _same(v1, engine.served)  # and so is what the engine serves
     # Only layer 1's projections went to the engine, as whole fused groups (q, k, v together; gate, up).
     assert engine.payload_names == [layer_projections(base, 1)]
-    assert staging.staged() == []  # committed versions leave staging
+    assert mgr.staged() == []  # committed versions leave staging
     again, dup = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="o1", version=1, hash=h1)))
     assert dup and again.result.to_version == 1 and len(engine.payload_names) == 1
 
 
 def test_delta_for_the_wrong_base_is_refused_and_nothing_is_staged(model: Path, tmp_path: Path) -> None:
-    host, staging, engine, mgr = _setup(model, tmp_path)
+    host, engine, mgr = _setup(model, tmp_path)
     base = load_safetensors(model / "model.safetensors")
     v1 = perturb(base, layer_projections(base, 0), seed=1)
     v2 = perturb(v1, layer_projections(v1, 1), seed=2)
     msgs, _ = delta_segments(v1, v2, version=2, base_version=1)
     with pytest.raises(WeightError) as err:
-        staging.add_segment(msgs[0], host)
+        mgr.stage_segment(msgs[0])
     assert err.value.code == "FAILED_PRECONDITION" and "based on v1" in str(err.value)
-    assert staging.staged() == []
+    assert mgr.staged() == []
     outcome, _ = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="o2", version=2)))
     assert outcome.error is not None and outcome.error.code == "FAILED_PRECONDITION"
     assert "rejected" in str(outcome.error)
@@ -117,16 +116,16 @@ def test_delta_for_the_wrong_base_is_refused_and_nothing_is_staged(model: Path, 
 
 
 def test_chain_of_two_staged_deltas_applies_in_one_update(model: Path, tmp_path: Path) -> None:
-    host, staging, engine, mgr = _setup(model, tmp_path)
+    host, engine, mgr = _setup(model, tmp_path)
     base = load_safetensors(model / "model.safetensors")
     v1 = perturb(base, layer_projections(base, 0), seed=1)
     v2 = perturb(v1, layer_projections(v1, 1), seed=2)
     m1, _ = delta_segments(base, v1, version=1, base_version=0)
     m2, h2 = delta_segments(v1, v2, version=2, base_version=1)
     with pytest.raises(WeightError):  # v2 before v1 started: its base is neither active nor staged
-        staging.add_segment(m2[0], host)
+        mgr.stage_segment(m2[0])
     for m in m1[:1] + m2 + m1[1:]:  # once v1 is arriving, v2 (based on it) may stage alongside
-        staging.add_segment(m, host)
+        mgr.stage_segment(m)
     outcome, _ = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="c", version=2, hash=h2)))
     assert outcome.error is None, outcome.error
     assert outcome.result.deltas_applied == 2 and host.version == 2
@@ -134,12 +133,12 @@ def test_chain_of_two_staged_deltas_applies_in_one_update(model: Path, tmp_path:
 
 
 def test_wrong_hash_is_data_loss_and_a_refused_engine_update_rolls_the_host_back(model: Path, tmp_path: Path) -> None:
-    host, staging, engine, mgr = _setup(model, tmp_path)
+    host, engine, mgr = _setup(model, tmp_path)
     base = load_safetensors(model / "model.safetensors")
     v1 = perturb(base, layer_projections(base, 1), seed=3)
     msgs, h1 = delta_segments(base, v1, version=1, base_version=0)
     for m in msgs:
-        staging.add_segment(m, host)
+        mgr.stage_segment(m)
     bad, _ = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="x", version=1, hash=bytes(32))))
     assert bad.error is not None and bad.error.code == "DATA_LOSS"
     assert host.version == 0 and _same(base, host.ws.arrays)
@@ -148,7 +147,7 @@ def test_wrong_hash_is_data_loss_and_a_refused_engine_update_rolls_the_host_back
     assert refused.error is not None and refused.error.code == "FAILED_PRECONDITION"
     assert host.version == 0 and _same(base, host.ws.arrays)  # the host copy was restored
     assert host.hashes_for([1]) == {}  # never active: no chunk may vouch for h1 under v1
-    assert staging.staged(1)[0].complete  # still staged: a later commit may succeed
+    assert mgr.staged(1)[0].complete  # still staged: a later commit may succeed
     engine.refuse = False
     ok, _ = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="y", version=1, hash=h1)))
     assert ok.error is None and host.version == 1 and _same(v1, engine.served)
@@ -167,7 +166,7 @@ def test_active_hash_history_is_per_version_bounded_and_forgets_unknown(model: P
 
 
 def test_bad_segments_are_invalid_argument(model: Path, tmp_path: Path) -> None:
-    host, staging, _, _ = _setup(model, tmp_path)
+    host, _, mgr = _setup(model, tmp_path)
     base = load_safetensors(model / "model.safetensors")
     v1 = perturb(base, layer_projections(base, 1), seed=4)
     msgs, _ = delta_segments(base, v1, version=1, base_version=0)
@@ -183,35 +182,35 @@ def test_bad_segments_are_invalid_argument(model: Path, tmp_path: Path) -> None:
     other_job, _ = delta_segments(base, v1, version=1, base_version=0, job="other-job")
     for bad in (forged[0], corrupt, lying, other_job[0], common_pb2.DeltaSegment(job_id=JOB, version=1)):
         with pytest.raises(WeightError) as err:
-            staging.add_segment(bad, host)
+            mgr.stage_segment(bad)
         assert err.value.code == "INVALID_ARGUMENT", (bad.sequence, str(err.value))
-    assert all(not s.complete for s in staging.staged())
+    assert all(not s.complete for s in mgr.staged())
 
 
 def test_delta_that_does_not_fit_the_model_is_discarded(model: Path, tmp_path: Path) -> None:
-    host, staging, _, _ = _setup(model, tmp_path)
+    host, _, mgr = _setup(model, tmp_path)
     other = qwen_like(np.random.default_rng(1), hidden=16, kv=8, inter=24)  # another architecture
     other.version = 0
     changed = perturb(other, layer_projections(other, 0), seed=5)
     msgs, _ = delta_segments(other, changed, version=1, base_version=0)
     with pytest.raises(WeightError) as err:
         for m in msgs:
-            staging.add_segment(m, host)
+            mgr.stage_segment(m)
     assert err.value.code == "FAILED_PRECONDITION"
-    [st] = staging.staged(1)
+    [st] = mgr.staged(1)
     assert st.error and not st.complete and st.bytes_received == 0
 
 
 def test_staged_full_weights_then_a_delta(model: Path, tmp_path: Path) -> None:
-    host, staging, engine, mgr = _setup(model, tmp_path)
+    host, engine, mgr = _setup(model, tmp_path)
     base = load_safetensors(model / "model.safetensors")
     v3 = perturb(base, layer_projections(base, 0) + layer_projections(base, 1), seed=6)
     v4 = perturb(v3, layer_projections(v3, 1), seed=7)
     full = v3.copy()
-    staging.add_full(3, full, b"\x03" * 32, artifact="buckets", source="mooncake", parts=1, nbytes=full.nbytes)
+    mgr.stage_full(3, full, b"\x03" * 32, artifact="buckets", source="mooncake", parts=1, nbytes=full.nbytes)
     msgs, h4 = delta_segments(v3, v4, version=4, base_version=3)
     for m in msgs:
-        staging.add_segment(m, host)
+        mgr.stage_segment(m)
     outcome, _ = asyncio.run(mgr.commit(common_pb2.CommitOrder(order_id="f", version=4, hash=h4)))
     assert outcome.error is None, outcome.error
     assert host.version == 4 and host.hash == h4 and _same(v4, engine.served)
