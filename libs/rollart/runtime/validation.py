@@ -163,7 +163,7 @@ class Limits:
 
     ``fields`` raises (or lowers) the bound of single fields, keyed by the field's full name
     (``"rollart.v1.ChatMessage.content"``): for a string its characters, for a repeated field or map its
-    entries.
+    entries. Build variants with :func:`limits`, which keeps the bulk-text fields.
     """
 
     #: Characters of a string that is not an id or name.
@@ -176,7 +176,38 @@ class Limits:
     max_map_entries: int = 1_000
     #: Nesting depth of messages (recursive messages such as JSON-like values).
     max_depth: int = 32
-    fields: Mapping[str, int] = field(default_factory=dict)
+    fields: Mapping[str, int] = field(default_factory=lambda: dict(BULK_TEXT_FIELDS))
+
+
+#: Text fields that legitimately carry documents (conversations, observations, gold answers, tests, JSON
+#: arguments): bounded by the service's receive limit rather than by ``max_string_chars``.
+BULK_TEXT_CHARS = 64 * 1024 * 1024
+BULK_TEXT_FIELDS: dict[str, int] = {
+    f"rollart.v1.{name}": BULK_TEXT_CHARS
+    for name in (
+        "ChatMessage.content",
+        "Turn.observation",
+        "Turn.action",
+        "ModelInput.text",
+        "Prompt.text",
+        "Prompt.MetadataEntry.value",
+        "Trajectory.MetadataEntry.value",
+        "RunEpisodeRequest.prompt_text",
+        "RunEpisodeRequest.MetadataEntry.value",
+        "EnvironmentSpec.system_prompt",
+        "EnvironmentSpec.OptionsEntry.value",
+        "RewardSpec.OptionsEntry.value",
+        "PromptSource.MetadataEntry.value",
+        "InvokeRequest.args_json",
+        "InvokeRequest.kwargs_json",
+    )
+}
+
+
+def limits(**changes: Any) -> Limits:
+    """:class:`Limits` with some bounds changed; ``fields`` entries are added to the bulk-text ones."""
+    extra = changes.pop("fields", {})
+    return Limits(**changes, fields={**BULK_TEXT_FIELDS, **extra})
 
 
 DEFAULT_LIMITS = Limits()

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rollart.runtime.config import StrictModel, WeightPlaneConfig, _check_address
+from rollart.runtime.config import StrictModel, WeightPlaneConfig, _check_address, receive_limit
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
@@ -51,6 +51,9 @@ class WeightSourceConfig(StrictModel):
 
 
 class ActorConfig(WeightPlaneConfig):
+    # Largest request accepted, in bytes (16 MiB):
+    # StageDelta segments (<= max_segment_bytes) and Generate prompts of a long context.
+    max_receive_message_bytes: int | None = receive_limit(16)
     require_job_key = False  # without a key the actor serves and only refuses weight updates
     listen: str = "127.0.0.1:50055"
 

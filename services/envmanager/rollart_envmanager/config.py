@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from rollart.runtime.config import ServiceConfig, StrictModel
+from rollart.runtime.config import ServiceConfig, StrictModel, receive_limit
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/#+=-]{0,199}$")
 
@@ -26,6 +26,9 @@ class SandboxDefaults(StrictModel):
 
 
 class EnvManagerConfig(ServiceConfig):
+    # Largest request accepted, in bytes (8 MiB):
+    # RunEpisode carries a prompt and its metadata.
+    max_receive_message_bytes: int | None = receive_limit(8)
     listen: str = "127.0.0.1:50057"
     # Id of this envmanager: the lease holder prefix of its loops and its WatchCommands subscriber id
     # (default: envmanager-<host>-<pid>). Keep it stable across restarts only if leases should carry over.

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from rollart.runtime.config import ServiceConfig, StrictModel, _check_address
+from rollart.runtime.config import ServiceConfig, StrictModel, _check_address, receive_limit
 
 
 class StaticActor(StrictModel):
@@ -50,6 +50,9 @@ class PdPoolSettings(StrictModel):
 
 
 class LLMProxyConfig(ServiceConfig):
+    # Largest request accepted, in bytes (16 MiB):
+    # Generate and Tokenize carry a whole conversation.
+    max_receive_message_bytes: int | None = receive_limit(16)
     listen: str = "127.0.0.1:50056"
     # OpenAI-compatible HTTP API ("host:port", port 0 picks one); None or "none" turns it off.
     http_listen: str | None = "127.0.0.1:0"

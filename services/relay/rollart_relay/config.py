@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from rollart.runtime import ids
-from rollart.runtime.config import StrictModel, WeightPlaneConfig, _check_address
+from rollart.runtime.config import StrictModel, WeightPlaneConfig, _check_address, receive_limit
 
 
 class UpstreamConfig(StrictModel):
@@ -37,6 +37,9 @@ class UpstreamConfig(StrictModel):
 
 
 class RelayConfig(WeightPlaneConfig):
+    # Largest request accepted, in bytes (16 MiB):
+    # PushSegments carries delta segments of up to the trainer's max_segment_bytes (4 MiB by default).
+    max_receive_message_bytes: int | None = receive_limit(16)
     listen: str = "127.0.0.1:50053"
     # Striped-transport listener (segments in from the trainer, out to pull-mode subscribers); port 0 picks one.
     data_listen: str = "127.0.0.1:0"

@@ -2,10 +2,13 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from rollart.runtime.config import ServiceConfig
+from rollart.runtime.config import ServiceConfig, receive_limit
 
 
 class ResourceManagerConfig(ServiceConfig):
+    # Largest request accepted, in bytes (1 MiB):
+    # pools, workers and bindings are small records.
+    max_receive_message_bytes: int | None = receive_limit(1)
     listen: str = "127.0.0.1:50051"
     # Redis holding the state (redis://host:port/db or unix:///path?db=0).
     redis_url: str = "redis://127.0.0.1:6379/0"

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rollart.runtime.config import ServiceConfig, StrictModel
+from rollart.runtime.config import ServiceConfig, StrictModel, receive_limit
 
 KIND_NAMES = ("math", "reasoning_gym", "code", "game", "llm_judge", "custom")
 DEFAULT_TIMEOUTS = {"math": 10.0, "reasoning_gym": 10.0, "code": 30.0, "game": 5.0, "llm_judge": 60.0, "custom": 30.0}
@@ -52,6 +52,9 @@ class PoolConfig(StrictModel):
 
 
 class RewardConfig(ServiceConfig):
+    # Largest request accepted, in bytes (16 MiB):
+    # Score carries a whole trajectory (tokens, log-probabilities, text).
+    max_receive_message_bytes: int | None = receive_limit(16)
     listen: str = "127.0.0.1:50058"
     pool: PoolConfig = PoolConfig()
     sandbox: SandboxSettings = SandboxSettings()

@@ -61,7 +61,9 @@ def test_request_limits_walk_nested_fields_maps_and_lists():
     assert e.field == "worker.labels"
     many = lp.AddPromptsRequest(prompts=[lp.Prompt(prompt_id="p")] * 3)
     assert invalid(v.check_limits, many, v.Limits(max_messages=2)).field == "prompts"
-    long_text = lp.AddPromptsRequest(prompts=[lp.Prompt(prompt_id="p", text="t" * 70_000)])
-    assert invalid(v.check_limits, long_text).field == "prompts[0].text"
-    v.check_limits(long_text, v.Limits(fields={"rollart.v1.Prompt.text": 100_000}))
+    long_task = lp.AddPromptsRequest(prompts=[lp.Prompt(prompt_id="p", task="t" * 70_000)])
+    assert invalid(v.check_limits, long_task).field == "prompts[0].task"
+    v.check_limits(long_task, v.limits(fields={"rollart.v1.Prompt.task": 100_000}))
+    # Documents (prompt text, conversations) are bounded by the receive limit, not the string limit.
+    v.check_limits(lp.AddPromptsRequest(prompts=[lp.Prompt(prompt_id="p", text="t" * 70_000)]))
     assert invalid(v.check_limits, lp.CancelLeasesRequest(lease_ids=["L" * 300])).field == "lease_ids[0]"
