@@ -148,6 +148,15 @@ class ServiceConfig(StrictModel):
         return None
 
 
+MIB = 1024 * 1024
+
+
+def receive_limit(default_mib: int) -> Any:
+    """The ``max_receive_message_bytes`` field of a service whose largest legitimate request needs
+    ``default_mib`` MiB (the runtime's default is 4 MiB); still overridable by configuration."""
+    return Field(default_mib * MIB, ge=64 * 1024, le=1024 * MIB)
+
+
 JOB_ID_RE = ids.NAME_RE  # a job id is a name: it becomes a path segment and a segment-key label
 
 
