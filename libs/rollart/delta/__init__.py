@@ -10,6 +10,10 @@ docs/architecture.md, "Wire formats"). Typical use:
     stager.add(seg) ...; delta = stager.finish()
     apply_delta(delta, weights)                                          # verified, all or nothing
 
+Format version 2 (the default) names the base weights' identity h(v-1) (see ``identity``), codes streams
+with Zstandard when smaller and stores a tensor densely when that is smaller; version 1 stays readable and
+writable (``format_version=1``).
+
 A relay that forwards without decoding uses ``parse_segment(raw, key)`` (verifies CRC and HMAC, reads
 the header) and ``split_segments``/``peek_length`` to frame a byte stream.
 """
@@ -24,10 +28,12 @@ from .codec import (
     apply_delta,
     apply_entries,
     changed_positions,
+    check_base,
     decode_delta,
     encode_delta,
     extract_tensor,
     inspect_delta,
+    param_map_for,
 )
 from .dtypes import ALL_DTYPES, DType
 from .errors import (
@@ -43,15 +49,18 @@ from .errors import (
     TruncatedError,
     UnsupportedVersionError,
 )
+from .identity import weights_digest
 from .names import EngineTensor, ParamMap, Part
 from .safetensors_io import WeightSet, load_safetensors, save_safetensors
-from .segment import DEFAULT_MAX_SEGMENT_BYTES, FORMAT_VERSION, MAGIC, Segment, peek_length
+from .segment import DEFAULT_MAX_SEGMENT_BYTES, FORMAT_V1, FORMAT_V2, FORMAT_VERSION, MAGIC, Segment, peek_length
 from .segment import parse as parse_segment
 from .segment import split as split_segments
 
 __all__ = [
     "ALL_DTYPES",
     "DEFAULT_MAX_SEGMENT_BYTES",
+    "FORMAT_V1",
+    "FORMAT_V2",
     "FORMAT_VERSION",
     "MAGIC",
     "AuthError",
@@ -80,13 +89,16 @@ __all__ = [
     "apply_delta",
     "apply_entries",
     "changed_positions",
+    "check_base",
     "decode_delta",
     "encode_delta",
     "extract_tensor",
     "inspect_delta",
     "load_safetensors",
+    "param_map_for",
     "parse_segment",
     "peek_length",
     "save_safetensors",
     "split_segments",
+    "weights_digest",
 ]

@@ -23,7 +23,8 @@ from .errors import FormatError
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the reference implementation's limit
 VERSION_KEY = "rollart.version"  # metadata keys this package writes
 JOB_KEY = "rollart.job"
-DELTA_HASH_KEY = "rollart.delta_hash"
+HASH_KEY = "rollart.hash"  # identity h(v) of the weights (rollart.delta.identity), hex
+DELTA_HASH_KEY = "rollart.delta_hash"  # what older files call it; read, no longer written
 
 
 @dataclass
@@ -31,7 +32,9 @@ class WeightSet:
     """Named tensors with their safetensors dtypes and, when known, the policy version they hold.
 
     Arrays are C-contiguous numpy arrays (bf16 as uint16 bit patterns). ``version`` and
-    ``applied_hash`` (h(v) of the last delta applied) are what :func:`rollart.delta.apply_delta` checks.
+    ``applied_hash`` (the identity h(v) of these weights: h(v) of the delta that produced them, or the
+    weights digest of a first version) are what :func:`rollart.delta.apply_delta` checks. In a file they
+    are the metadata ``rollart.version`` and ``rollart.hash`` (with ``rollart.job``: RollArt metadata).
     """
 
     arrays: dict[str, np.ndarray]
@@ -147,7 +150,15 @@ def load_safetensors(path: str | os.PathLike[str], writable: bool = False) -> We
             version = int(meta[VERSION_KEY])
         except ValueError:
             raise FormatError(f"{path}: metadata {VERSION_KEY}={meta[VERSION_KEY]!r} is not an integer") from None
-    applied = bytes.fromhex(meta[DELTA_HASH_KEY]) if DELTA_HASH_KEY in meta else None
+    hash_hex = meta.get(HASH_KEY, meta.get(DELTA_HASH_KEY))
+    try:
+        applied = bytes.fromhex(hash_hex) if hash_hex is not None else None
+    except ValueError:
+        applied = None
+    if applied is not None and len(applied) != 32:
+        applied = None
+    if hash_hex is not None and applied is None:
+        raise FormatError(f"{path}: metadata {HASH_KEY}={hash_hex!r} is not a 64-digit hex hash")
     return WeightSet(arrays, dtypes, version, applied, dict(meta))
 
 
@@ -161,7 +172,7 @@ def save_safetensors(
 
     Tensors are laid out by decreasing item size so every tensor is aligned to its width; the header
     is padded with spaces to a multiple of 8 bytes. For a WeightSet, its version and applied hash are
-    recorded in the metadata.
+    recorded in the metadata (``rollart.version``, ``rollart.hash``).
     """
     if isinstance(weights, WeightSet):
         ws = weights
@@ -170,8 +181,9 @@ def save_safetensors(
     meta = dict(ws.metadata)
     if ws.version is not None:
         meta[VERSION_KEY] = str(ws.version)
+    meta.pop(DELTA_HASH_KEY, None)
     if ws.applied_hash is not None:
-        meta[DELTA_HASH_KEY] = ws.applied_hash.hex()
+        meta[HASH_KEY] = ws.applied_hash.hex()
     meta.update(metadata or {})
     order = sorted(ws.arrays, key=lambda n: (-dt.by_name(ws.dtypes[n]).itemsize, n))
     header: dict[str, object] = {}

@@ -4,6 +4,10 @@ All integers little-endian. A segment is
     common header | kind-specific body | CRC-32 (u32) | HMAC-SHA256 (32 bytes)
 The CRC-32 (IEEE 802.3 polynomial, zlib's) covers every byte before it and tells corruption apart from
 forgery; the HMAC (job key) covers every byte before it, CRC included.
+
+Format versions 1 and 2 share the first 34 + job_len bytes of the header (so framing and relays need not
+know which one a segment is). Version 2 adds the base identity ``h(v-1)`` after the job id and, in data
+segments, a layout (sparse or dense) and a coding per stream (raw or one Zstandard frame).
 """
 
 from __future__ import annotations
@@ -19,9 +23,17 @@ from . import dtypes as dt
 from .errors import AuthError, ChecksumError, FormatError, TruncatedError, UnsupportedVersionError
 
 MAGIC = b"RDLT"
-FORMAT_VERSION = 1
+FORMAT_V1 = 1
+FORMAT_V2 = 2
+SUPPORTED_VERSIONS = (FORMAT_V1, FORMAT_V2)
+FORMAT_VERSION = FORMAT_V2  # what encoders write unless told otherwise
 KIND_DATA = 1
 KIND_TRAILER = 2
+LAYOUT_SPARSE = 1  # v2: positions + values
+LAYOUT_DENSE = 2  # v2: every element of [start, start + entries)
+CODING_RAW = 0
+CODING_ZSTD = 1  # v2: the stream is one Zstandard frame (values: byte planes)
+HASH_BYTES = 32
 DEFAULT_MAX_SEGMENT_BYTES = 4 * 1024 * 1024
 MAX_JOB_BYTES = 1024
 MAX_NAME_BYTES = 4096
@@ -32,7 +44,9 @@ U64_MAX = 2**64 - 1
 _COMMON = struct.Struct("<4sHBBIIQQH")  # magic, format, kind, flags, length, seq, version, base, job_len
 _NAME = struct.Struct("<H")
 _DT = struct.Struct("<BB")  # dtype code, ndim
-_DATA_TAIL = struct.Struct("<QIIQQQ")  # numel, part, parts, entries, index_bytes, value_bytes
+_DATA_TAIL = struct.Struct("<QIIQQQ")  # v1: numel, part, parts, entries, index_bytes, value_bytes
+# v2: numel, part, parts, layout, index_coding, value_coding, reserved, entries, start, index_bytes, value_bytes
+_DATA_TAIL_V2 = struct.Struct("<QIIBBBBQQQQ")
 _TRAILER = struct.Struct("<IIQ32s")  # segment_count, tensor_count, total_entries, h(v)
 _CRC = struct.Struct("<I")
 MAC_BYTES = 32
@@ -50,6 +64,8 @@ class Segment:
     job: str
     version: int
     base_version: int
+    format_version: int = FORMAT_V1
+    base_hash: bytes | None = None  # v2: h(v-1), the identity of the weights the delta applies to
     # data segments
     name: str = ""
     dtype: dt.DType | None = None
@@ -61,6 +77,10 @@ class Segment:
     index_start: int = 0
     index_bytes: int = 0
     value_bytes: int = 0
+    layout: int = LAYOUT_SPARSE
+    index_coding: int = CODING_RAW
+    value_coding: int = CODING_RAW
+    start: int = 0  # dense: first flat position covered
     # trailer
     segment_count: int = 0
     tensor_count: int = 0
@@ -70,6 +90,10 @@ class Segment:
     @property
     def is_trailer(self) -> bool:
         return self.kind == KIND_TRAILER
+
+    @property
+    def is_dense(self) -> bool:
+        return self.layout == LAYOUT_DENSE
 
     @property
     def index_view(self) -> memoryview:
@@ -85,13 +109,25 @@ def mac(key: bytes, data: bytes | bytearray | memoryview) -> bytes:
     return hmac.new(key, data, hashlib.sha256).digest()
 
 
-def _common(kind: int, length: int, seq: int, job: bytes, version: int, base_version: int) -> bytes:
-    return _COMMON.pack(MAGIC, FORMAT_VERSION, kind, 0, length, seq, version, base_version, len(job)) + job
+def _common(
+    kind: int, length: int, seq: int, job: bytes, version: int, base_version: int, fmt: int, base_hash: bytes | None
+) -> bytes:
+    head = _COMMON.pack(MAGIC, fmt, kind, 0, length, seq, version, base_version, len(job)) + job
+    if fmt == FORMAT_V1:
+        return head
+    if base_hash is None or len(base_hash) != HASH_BYTES:
+        raise ValueError("a version-2 segment needs the 32-byte base hash h(v-1)")
+    return head + base_hash
 
 
-def data_overhead(job: bytes, name: bytes, ndim: int) -> int:
+def _header_bytes(job: bytes, fmt: int) -> int:
+    return _COMMON.size + len(job) + (HASH_BYTES if fmt == FORMAT_V2 else 0)
+
+
+def data_overhead(job: bytes, name: bytes, ndim: int, fmt: int = FORMAT_V1) -> int:
     """Bytes of a data segment that are not index or value stream."""
-    return _COMMON.size + len(job) + _NAME.size + len(name) + _DT.size + 8 * ndim + _DATA_TAIL.size + FOOTER_BYTES
+    tail = _DATA_TAIL_V2.size if fmt == FORMAT_V2 else _DATA_TAIL.size
+    return _header_bytes(job, fmt) + _NAME.size + len(name) + _DT.size + 8 * ndim + tail + FOOTER_BYTES
 
 
 def _seal(buf: bytearray, key: bytes) -> bytes:
@@ -116,14 +152,27 @@ def build_data(
     entries: int,
     index_stream: bytes | memoryview,
     values: bytes | memoryview,
+    fmt: int = FORMAT_V1,
+    base_hash: bytes | None = None,
+    layout: int = LAYOUT_SPARSE,
+    index_coding: int = CODING_RAW,
+    value_coding: int = CODING_RAW,
+    start: int = 0,
 ) -> bytes:
-    length = data_overhead(job, name, len(shape)) + len(index_stream) + len(values)
+    length = data_overhead(job, name, len(shape), fmt) + len(index_stream) + len(values)
     if length > 0xFFFFFFFF:
         raise ValueError("segment longer than 2^32-1 bytes")
-    buf = bytearray(_common(KIND_DATA, length, seq, job, version, base_version))
+    buf = bytearray(_common(KIND_DATA, length, seq, job, version, base_version, fmt, base_hash))
     buf += _NAME.pack(len(name)) + name
     buf += _DT.pack(dtype.code, len(shape)) + struct.pack(f"<{len(shape)}Q", *shape)
-    buf += _DATA_TAIL.pack(numel, part, parts, entries, len(index_stream), len(values))
+    if fmt == FORMAT_V1:
+        if (layout, index_coding, value_coding, start) != (LAYOUT_SPARSE, CODING_RAW, CODING_RAW, 0):
+            raise ValueError("format version 1 has raw sparse segments only")
+        buf += _DATA_TAIL.pack(numel, part, parts, entries, len(index_stream), len(values))
+    else:
+        buf += _DATA_TAIL_V2.pack(
+            numel, part, parts, layout, index_coding, value_coding, 0, entries, start, len(index_stream), len(values)
+        )
     buf += index_stream
     buf += values
     return _seal(buf, key)
@@ -139,9 +188,11 @@ def build_trailer(
     tensor_count: int,
     total_entries: int,
     digest: bytes,
+    fmt: int = FORMAT_V1,
+    base_hash: bytes | None = None,
 ) -> bytes:
-    length = _COMMON.size + len(job) + _TRAILER.size + FOOTER_BYTES
-    buf = bytearray(_common(KIND_TRAILER, length, segment_count, job, version, base_version))
+    length = _header_bytes(job, fmt) + _TRAILER.size + FOOTER_BYTES
+    buf = bytearray(_common(KIND_TRAILER, length, segment_count, job, version, base_version, fmt, base_hash))
     buf += _TRAILER.pack(segment_count, tensor_count, total_entries, digest)
     return _seal(buf, key)
 
@@ -184,8 +235,8 @@ def parse(raw: bytes | memoryview, key: bytes | None) -> Segment:
     magic, fmt, kind, flags, length, seq, version, base, job_len = _COMMON.unpack_from(raw, 0)
     if magic != MAGIC:
         raise FormatError(f"bad magic {magic!r}")
-    if fmt != FORMAT_VERSION:
-        raise UnsupportedVersionError(f"format version {fmt} (this decoder reads {FORMAT_VERSION})")
+    if fmt not in SUPPORTED_VERSIONS:
+        raise UnsupportedVersionError(f"format version {fmt} (this decoder reads 1 and 2)")
     if length > n:
         raise TruncatedError(f"segment {seq} is {length} bytes but only {n} arrived")
     if length < n:
@@ -208,9 +259,24 @@ def parse(raw: bytes | memoryview, key: bytes | None) -> Segment:
         raise FormatError(f"segment {seq}: bad job id length {job_len}")
     job = _utf8(mv[pos : pos + job_len], "job id")
     pos += job_len
+    base_hash = None
+    if fmt == FORMAT_V2:
+        if pos + HASH_BYTES > end:
+            raise FormatError(f"segment {seq}: cut inside the base hash")
+        base_hash = bytes(mv[pos : pos + HASH_BYTES])
+        pos += HASH_BYTES
     if base >= version:
         raise FormatError(f"segment {seq}: base version {base} is not below version {version}")
-    common = {"raw": raw, "kind": kind, "seq": seq, "job": job, "version": version, "base_version": base}
+    common = {
+        "raw": raw,
+        "kind": kind,
+        "seq": seq,
+        "job": job,
+        "version": version,
+        "base_version": base,
+        "format_version": fmt,
+        "base_hash": base_hash,
+    }
     if kind == KIND_TRAILER:
         if pos + _TRAILER.size != end:
             raise FormatError("trailer has the wrong length")
@@ -233,8 +299,16 @@ def parse(raw: bytes | memoryview, key: bytes | None) -> Segment:
         raise FormatError(f"segment {seq}: bad ndim {ndim}")
     shape = struct.unpack_from(f"<{ndim}Q", raw, pos)
     pos += 8 * ndim
-    numel, part, parts, entries, index_bytes, value_bytes = _DATA_TAIL.unpack_from(raw, pos)
-    pos += _DATA_TAIL.size
+    layout, index_coding, value_coding, reserved, start = LAYOUT_SPARSE, CODING_RAW, CODING_RAW, 0, 0
+    if fmt == FORMAT_V1:
+        numel, part, parts, entries, index_bytes, value_bytes = _DATA_TAIL.unpack_from(raw, pos)
+        pos += _DATA_TAIL.size
+    else:
+        if pos + _DATA_TAIL_V2.size > end:
+            raise FormatError(f"segment {seq}: bad ndim {ndim}")
+        (numel, part, parts, layout, index_coding, value_coding, reserved, entries, start, index_bytes,
+         value_bytes) = _DATA_TAIL_V2.unpack_from(raw, pos)  # fmt: skip
+        pos += _DATA_TAIL_V2.size
     prod = 1
     for d in shape:
         prod *= d
@@ -244,9 +318,25 @@ def parse(raw: bytes | memoryview, key: bytes | None) -> Segment:
         raise FormatError(f"segment {seq} ({name}): part {part} of {parts}")
     if not 1 <= entries <= numel:
         raise FormatError(f"segment {seq} ({name}): {entries} entries for {numel} elements")
-    if value_bytes != entries * dtype.itemsize:
+    if layout not in (LAYOUT_SPARSE, LAYOUT_DENSE) or reserved != 0:
+        raise FormatError(f"segment {seq} ({name}): unknown layout {layout} or reserved byte {reserved}")
+    if index_coding not in (CODING_RAW, CODING_ZSTD) or value_coding not in (CODING_RAW, CODING_ZSTD):
+        raise FormatError(f"segment {seq} ({name}): unknown stream coding {index_coding}/{value_coding}")
+    raw_values = entries * dtype.itemsize
+    if value_coding == CODING_RAW and value_bytes != raw_values:
         raise FormatError(f"segment {seq} ({name}): value stream of {value_bytes} bytes for {entries} entries")
-    if not entries <= index_bytes <= entries * 10 or pos + index_bytes + value_bytes != end:
+    if value_coding == CODING_ZSTD and not 1 <= value_bytes < raw_values:
+        raise FormatError(f"segment {seq} ({name}): compressed value stream of {value_bytes} bytes is not smaller")
+    if layout == LAYOUT_DENSE:
+        if index_coding != CODING_RAW or index_bytes != 0 or start + entries > numel:
+            raise FormatError(f"segment {seq} ({name}): dense range {start}+{entries} of {numel} or index stream")
+    else:
+        if start != 0:
+            raise FormatError(f"segment {seq} ({name}): sparse segment with start {start}")
+        lo, hi = (entries, entries * 10) if index_coding == CODING_RAW else (1, entries * 10 - 1)
+        if not lo <= index_bytes <= hi:
+            raise FormatError(f"segment {seq} ({name}): index stream of {index_bytes} bytes for {entries} entries")
+    if pos + index_bytes + value_bytes != end:
         raise FormatError(f"segment {seq} ({name}): stream lengths do not add up to the segment length")
     return Segment(
         **common,
@@ -260,6 +350,10 @@ def parse(raw: bytes | memoryview, key: bytes | None) -> Segment:
         index_start=pos,
         index_bytes=index_bytes,
         value_bytes=value_bytes,
+        layout=layout,
+        index_coding=index_coding,
+        value_coding=value_coding,
+        start=start,
     )
 
 

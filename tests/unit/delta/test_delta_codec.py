@@ -67,16 +67,19 @@ def tensor_pairs(draw: st.DrawFn) -> tuple[WeightSet, WeightSet, int]:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tensor_pairs())
-def test_apply_reproduces_target_bit_for_bit(pair: tuple[WeightSet, WeightSet, int]) -> None:
+@given(tensor_pairs(), st.sampled_from([1, 2]))
+def test_apply_reproduces_target_bit_for_bit(pair: tuple[WeightSet, WeightSet, int], fmt: int) -> None:
     v0, v1, max_bytes = pair
-    segs = encode(v0, v1, version=4, base_version=3, max_segment_bytes=max_bytes)
+    segs = encode(v0, v1, version=4, base_version=3, max_segment_bytes=max_bytes, format_version=fmt)
     assert all(len(s) <= max_bytes for s in segs)
     delta = decode_delta(b"".join(segs), KEY, job="job-1", version=4, base_version=3)
+    assert delta.format_version == fmt
     target = v0.copy()
     assert apply_delta(delta, target) is True
     assert same_bits(target, v1)
     assert target.version == 4 and target.applied_hash == delta.hash
+    if fmt == 2:  # sparse pieces hold changed positions only; dense pieces and the anchor cover the rest
+        return
     # set semantics: applying the entries again changes nothing
     apply_entries(delta, target.arrays)
     assert same_bits(target, v1)
@@ -108,7 +111,7 @@ def test_unchanged_model_gives_trailer_only() -> None:
     v0, _ = small_pair()
     v1 = v0.copy()
     v1.version = 1
-    segs = encode(v0, v1)
+    segs = encode(v0, v1, format_version=1)
     assert len(segs) == 1
     delta = decode_delta(segs, KEY)
     assert delta.total_entries == 0 and delta.hash == __import__("hashlib").sha256(b"").digest()
@@ -151,8 +154,11 @@ def test_encoder_streams_before_extraction_ends() -> None:
     assert len(set(touched)) == len(v1.arrays) and sg.parse(rest[-1], KEY).is_trailer
 
 
-def test_writer_accepts_precomputed_positions() -> None:
-    w = DeltaWriter(job="j", version=9, base_version=8, key=KEY, max_segment_bytes=300)
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_writer_accepts_precomputed_positions(fmt: int) -> None:
+    w = DeltaWriter(
+        job="j", version=9, base_version=8, key=KEY, max_segment_bytes=300, format_version=fmt, base_hash=b"h" * 32
+    )
     idx = np.array([0, 5, 200, 70_000, 2**33], dtype=np.int64)
     vals = np.arange(5, dtype=np.int64) - 2
     segs = list(w.add_tensor("emb", "I64", (2**34,), idx, vals)) + [w.trailer()]
@@ -161,12 +167,14 @@ def test_writer_accepts_precomputed_positions() -> None:
     assert d.hash == w.hash and d.version == 9 and d.base_version == 8
     with pytest.raises(ValueError, match="ascending"):
         list(
-            DeltaWriter(job="j", version=1, base_version=0, key=KEY).add_tensor(
+            DeltaWriter(job="j", version=1, base_version=0, key=KEY, format_version=1).add_tensor(
                 "x", "U8", (4,), [2, 1], np.ones(2, np.uint8)
             )
         )
     with pytest.raises(ValueError, match="below"):
-        DeltaWriter(job="j", version=1, base_version=1, key=KEY)
+        DeltaWriter(job="j", version=1, base_version=1, key=KEY, format_version=1)
+    with pytest.raises(ValueError, match="base_hash"):  # version 2 names its base
+        DeltaWriter(job="j", version=1, base_version=0, key=KEY)
 
 
 def test_inspect_reports_sizes() -> None:
@@ -179,7 +187,9 @@ def test_inspect_reports_sizes() -> None:
     assert info["hash"] == d.hash.hex() and info["authenticated"] is True
     assert {t["name"]: t["entries"] for t in info["tensors"]} == {n: t.entries for n, t in d.tensors.items()}
     assert sum(t["index_bytes"] for t in info["tensors"]) == info["index_bytes"]
-    assert info["value_bytes"] == 2 * info["entries"]  # bf16
+    assert info["value_bytes"] <= 2 * info["entries"]  # bf16, Zstandard byte planes when smaller
+    assert info["format_version"] == 2 and info["base_hash"] == d.base_hash.hex()
+    assert info["not_checked"] and all("target" not in c for c in info["checked"])  # no base given
 
 
 # ---------------------------------------------------------------------------------------------- rejections
@@ -277,7 +287,9 @@ def test_trailer_inconsistencies() -> None:
     v0, v1 = small_pair()
     segs = encode(v0, v1)
     tr = sg.parse(segs[-1], KEY)
-    common = dict(key=KEY, job=b"job-1", version=1, base_version=0, tensor_count=tr.tensor_count)
+    common = dict(
+        key=KEY, job=b"job-1", version=1, base_version=0, tensor_count=tr.tensor_count, fmt=2, base_hash=tr.base_hash
+    )
     wrong_hash = sg.build_trailer(
         **common, segment_count=tr.segment_count, total_entries=tr.total_entries, digest=b"\0" * 32
     )
@@ -314,7 +326,7 @@ def test_bad_magic_and_format_version() -> None:
     with pytest.raises(FormatError, match="magic"):
         sg.parse(b"XXXX" + seg[4:], KEY)
     bumped = bytearray(seg)
-    bumped[4:6] = struct.pack("<H", 2)
+    bumped[4:6] = struct.pack("<H", 3)
     with pytest.raises(UnsupportedVersionError):
         sg.parse(bytes(bumped), KEY)
 
@@ -322,6 +334,7 @@ def test_bad_magic_and_format_version() -> None:
 def test_incompatible_target_is_rejected_before_any_write() -> None:
     v0, v1 = small_pair(density=0.3)
     delta = decode_delta(encode(v0, v1), KEY)
+    v0.applied_hash = delta.base_hash  # the base's identity is right: only the tensors differ
     names = list(delta.tensors)
     assert len(names) > 3
     # the last tensor of the delta is missing from the target: nothing may have been written before
@@ -361,7 +374,10 @@ def test_encoder_refuses_mismatched_checkpoints() -> None:
 def test_multibyte_gaps_split_within_bound(positions: list[int], max_bytes: int) -> None:
     idx = np.array(sorted(positions), dtype=np.int64)
     vals = (idx * 7 + 1).astype(np.uint32)
-    w = DeltaWriter(job="j", version=2, base_version=1, key=KEY, max_segment_bytes=max_bytes)
+    fmt = 1 + len(positions) % 2
+    w = DeltaWriter(
+        job="j", version=2, base_version=1, key=KEY, max_segment_bytes=max_bytes, format_version=fmt, base_hash=KEY[:32]
+    )
     segs = [*w.add_tensor("sparse", "U32", (2**40,), idx, vals), w.trailer()]
     assert all(len(s) <= max_bytes for s in segs)
     d = decode_delta(segs, KEY)

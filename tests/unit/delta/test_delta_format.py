@@ -19,7 +19,7 @@ def _dumps_in_doc() -> list[bytes]:
 
 
 def test_worked_example_matches_the_document() -> None:
-    w = DeltaWriter(job="j1", version=2, base_version=1, key=b"secret")
+    w = DeltaWriter(job="j1", version=2, base_version=1, key=b"secret", format_version=1)
     values = np.array([0x3F80, 0xBF80], dtype=np.uint16)
     segs = [*w.add_tensor("w", "BF16", (300,), np.array([3, 201]), values), w.trailer()]
     assert segs == _dumps_in_doc()

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 from delta_testlib import KEY, qwen3_like, same_bits, train_step
 
-from rollart.delta import ParamMap, WeightSet, apply_delta, decode_delta, encode_delta
+from rollart.delta import ParamMap, WeightSet, apply_delta, decode_delta, encode_delta, weights_digest
 
 
 def test_qwen3_fused_names_and_offsets() -> None:
@@ -95,6 +95,7 @@ def test_delta_in_engine_names_applies_to_hf_and_engine_layouts() -> None:
     assert same_bits(hf, WeightSet(v1.arrays, v1.dtypes))
     # engine layout (vLLM's fused parameters)
     eng = WeightSet(pm.fuse_arrays(v0.arrays), {et.name: et.dtype for et in pm}, version=0)
+    eng.applied_hash = weights_digest(v0.arrays, v0.dtypes)  # another layout: its identity is passed, not computed
     apply_delta(delta, eng)
     assert same_bits(eng, WeightSet(pm.fuse_arrays(v1.arrays), eng.dtypes))
     # the HF tensors to reload are whole groups

@@ -1,0 +1,132 @@
+"""Index and value streams of a data segment: coding (raw or Zstandard) and the checks on decoding.
+
+:func:`decode_payload` is the one place where a segment's streams are decoded and checked (canonical
+LEB128, entry count, gaps >= 1, positions < numel, BOOL values 0/1, Zstandard frames): the stager, and so
+``decode_delta``, ``inspect_delta`` and ``rollart delta inspect|apply``, all go through it.
+
+Version-2 coding (docs/delta-format.md): a stream with coding 1 is exactly one Zstandard frame that
+declares its content size, with nothing after it. A value stream's frame holds the values' byte planes:
+byte 0 of every value in entry order, then byte 1, ... (bf16: the mantissa bytes, then the sign/exponent
+bytes, which are highly repetitive). The encoder uses coding 1 only when it is strictly smaller, and the
+decoder insists on that, so a coded stream is never larger than the raw one.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import zstandard
+
+from . import segment as sg
+from .errors import FormatError
+from .leb128 import MAX_LEB_BYTES, decode_indices
+
+ZSTD_LEVEL = 1  # the encoder's choice (not part of the format); fixed so that re-encoding gives identical bytes
+
+_local = threading.local()
+
+
+def _cctx() -> zstandard.ZstdCompressor:
+    c = getattr(_local, "cctx", None)
+    if c is None:
+        # Single-threaded, content size written, no checksum (CRC-32 and HMAC cover the bytes): deterministic.
+        c = _local.cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, write_checksum=False)
+    return c
+
+
+def _dctx() -> zstandard.ZstdDecompressor:
+    d = getattr(_local, "dctx", None)
+    if d is None:
+        d = _local.dctx = zstandard.ZstdDecompressor()
+    return d
+
+
+def byte_planes(values: np.ndarray) -> np.ndarray:
+    """uint8 array: byte 0 of every value, then byte 1, ... (little-endian values)."""
+    n, w = values.size, values.dtype.itemsize
+    b = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+    return b if w == 1 else np.ascontiguousarray(b.reshape(n, w).T).reshape(-1)
+
+
+def from_byte_planes(planes: np.ndarray, count: int, itemsize: int) -> np.ndarray:
+    """Inverse of :func:`byte_planes`: uint8 array of the values' little-endian bytes."""
+    return planes if itemsize == 1 else np.ascontiguousarray(planes.reshape(itemsize, count).T).reshape(-1)
+
+
+def code_index(raw: bytes) -> tuple[int, bytes]:
+    """(coding, stream) for a LEB128 index stream: a Zstandard frame only when strictly smaller."""
+    z = _cctx().compress(raw)
+    return (sg.CODING_ZSTD, z) if len(z) < len(raw) else (sg.CODING_RAW, raw)
+
+
+def code_values(values: np.ndarray) -> tuple[int, bytes | memoryview]:
+    """(coding, stream) for values: Zstandard over byte planes only when strictly smaller than raw."""
+    z = _cctx().compress(byte_planes(values))
+    if len(z) < values.nbytes:
+        return sg.CODING_ZSTD, z
+    return sg.CODING_RAW, memoryview(np.ascontiguousarray(values).reshape(-1)).cast("B")
+
+
+def _unzstd(stream: memoryview, lo: int, hi: int, what: str) -> np.ndarray:
+    """Decompress one frame whose declared content size must lie in [lo, hi] (checked before decompressing)."""
+    try:
+        size = zstandard.frame_content_size(stream)
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"{what}: not a Zstandard frame ({exc})") from None
+    if size < 0:
+        raise FormatError(f"{what}: the Zstandard frame does not declare its content size")
+    if not lo <= size <= hi:
+        raise FormatError(f"{what}: Zstandard content of {size} bytes, expected {lo}..{hi}")
+    try:
+        out = _dctx().decompress(stream, max_output_size=hi, allow_extra_data=False)
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"{what}: bad Zstandard frame ({exc})") from None
+    if len(out) != size:
+        raise FormatError(f"{what}: Zstandard frame decodes to {len(out)} bytes, declared {size}")
+    return np.frombuffer(out, dtype=np.uint8)
+
+
+@dataclass
+class Payload:
+    """A data segment's entries: ``indices`` (int64, ascending) for sparse, ``start`` for dense."""
+
+    indices: np.ndarray | None
+    start: int
+    values: np.ndarray  # numpy type of the dtype (bf16 as uint16)
+
+    @property
+    def first(self) -> int:
+        return self.start if self.indices is None else int(self.indices[0])
+
+    @property
+    def last(self) -> int:
+        return self.start + self.values.size - 1 if self.indices is None else int(self.indices[-1])
+
+
+def decode_payload(seg: sg.Segment) -> Payload:
+    """Decode and check a parsed data segment's streams. Raises FormatError (nothing is kept on failure)."""
+    assert seg.dtype is not None and not seg.is_trailer
+    what = f"segment {seg.seq} ({seg.name})"
+    d = seg.dtype
+    indices = None
+    if not seg.is_dense:
+        stream = seg.index_view
+        if seg.index_coding == sg.CODING_ZSTD:
+            raw = _unzstd(stream, max(seg.entries, seg.index_bytes + 1), seg.entries * MAX_LEB_BYTES, f"{what} index")
+        else:
+            raw = np.frombuffer(stream, dtype=np.uint8)
+        try:
+            indices = decode_indices(raw, seg.entries, seg.numel)
+        except FormatError as exc:
+            raise FormatError(f"{what}: {exc}") from None
+    nbytes = seg.entries * d.itemsize
+    if seg.value_coding == sg.CODING_ZSTD:
+        planes = _unzstd(seg.value_view, nbytes, nbytes, f"{what} values")
+        values = from_byte_planes(planes, seg.entries, d.itemsize).view(d.numpy)
+    else:
+        values = np.frombuffer(seg.value_view, dtype=d.numpy)
+    if d.name == "BOOL" and bool((values.view(np.uint8) > 1).any()):
+        raise FormatError(f"{what}: BOOL value other than 0 or 1")
+    return Payload(indices, seg.start, values)
