@@ -1,13 +1,22 @@
 """``rollart delta encode|apply|inspect``.
 
     rollart delta encode --base A.safetensors --target B.safetensors --out D.dseg --job J --version V
-                         [--base-version U] [--key-file K] [--max-segment-bytes N] [--no-fuse] [--json]
+                         [--base-version U] [--base-hash H] [--format-version {1,2}] [--key-file K]
+                         [--max-segment-bytes N] [--no-fuse] [--json]
     rollart delta apply --base A.safetensors --delta D.dseg --out C.safetensors [--key-file K]
-                        [--base-version U] [--json]
-    rollart delta inspect D.dseg [--json] [--key-file K]
+                        [--base-version U] [--base-hash H|content] [--json]
+    rollart delta inspect D.dseg [--json] [--key-file K] [--base A.safetensors [--base-version U]
+                          [--base-hash H|content]]
 
 The job key is the content of --key-file (leading/trailing ASCII whitespace removed), else the
-environment variable ROLLART_JOB_KEY (UTF-8). ``inspect`` verifies HMACs only when a key is available.
+environment variable ROLLART_JOB_KEY (UTF-8). ``inspect`` runs every check ``apply`` runs, through the same
+code (so a fault gives the same error class in both); it verifies HMACs only when a key is available and
+checks the delta against a base only with --base, and it lists what it did not check.
+
+The base's identity (version and, for format version 2, its hash h(v-1)) comes from the file's RollArt
+metadata (``rollart.version``, ``rollart.hash``). A file without it is refused as a base unless
+--base-version and (format 2) --base-hash are given: a hex hash, or ``content`` for the digest of the file's
+tensors (the identity of weights that no delta produced, such as a job's first version).
 Exit status: 0 success, 1 the delta or a file was rejected, 2 usage error.
 Also runnable as ``python -m rollart.delta.cli [delta] encode ...``.
 """
@@ -24,11 +33,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .codec import DeltaEncoder, apply_delta, decode_delta, inspect_delta
-from .errors import DeltaError
+from .codec import TARGET_CHECKS, Delta, DeltaEncoder, apply_delta, decode_delta, inspect_delta
+from .errors import BaseMismatchError, DeltaError
+from .identity import weights_digest
 from .names import ParamMap
-from .safetensors_io import JOB_KEY, load_safetensors, save_safetensors
-from .segment import DEFAULT_MAX_SEGMENT_BYTES
+from .safetensors_io import JOB_KEY, WeightSet, load_safetensors, save_safetensors
+from .segment import DEFAULT_MAX_SEGMENT_BYTES, FORMAT_VERSION, SUPPORTED_VERSIONS
 
 KEY_ENV = "ROLLART_JOB_KEY"
 
@@ -68,6 +78,43 @@ def _emit(args: argparse.Namespace, summary: dict[str, Any], line: str) -> None:
     print(json.dumps(summary, indent=2) if getattr(args, "json", False) else line)
 
 
+def _hash_arg(value: str | None) -> bytes | None:
+    if value is None or value == "content":
+        return None
+    try:
+        h = bytes.fromhex(value)
+    except ValueError:
+        h = b""
+    if len(h) != 32:
+        raise UsageError(f"--base-hash must be 64 hex digits or 'content', got {value!r}")
+    return h
+
+
+def _identify_base(args: argparse.Namespace, weights: WeightSet, delta: Delta) -> None:
+    """Set the base's version and hash from its metadata or the caller's flags (refusing what is unknown)."""
+    if args.base_version is not None:
+        if weights.version is not None and weights.version != args.base_version:
+            raise UsageError(f"--base-version {args.base_version} but {args.base} records {weights.version}")
+        weights.version = args.base_version
+    elif weights.version is None:
+        raise BaseMismatchError(
+            f"{args.base} records no RollArt version: pass --base-version (and, for a format-2 delta, --base-hash)"
+        )
+    if delta.base_hash is None or weights.version == delta.version:
+        return  # format 1 names no base hash; at the delta's version the delta's own h(v) is what counts
+    given = _hash_arg(args.base_hash)
+    if args.base_hash == "content":
+        given = weights_digest(weights.arrays, weights.dtypes)
+    if given is not None:
+        if weights.applied_hash is not None and weights.applied_hash != given:
+            raise UsageError(f"--base-hash {given.hex()} but {args.base} records {weights.applied_hash.hex()}")
+        weights.applied_hash = given
+    elif weights.applied_hash is None:
+        raise BaseMismatchError(
+            f"{args.base} records no RollArt hash: pass --base-hash (hex, or 'content' for weights no delta produced)"
+        )
+
+
 def cmd_encode(args: argparse.Namespace) -> int:
     key = load_key(args.key_file)
     assert key is not None
@@ -84,6 +131,8 @@ def cmd_encode(args: argparse.Namespace) -> int:
         key=key,
         max_segment_bytes=args.max_segment_bytes,
         param_map=pm,
+        format_version=args.format_version,
+        base_hash=_hash_arg(args.base_hash),
     )
     out = Path(args.out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -103,6 +152,8 @@ def cmd_encode(args: argparse.Namespace) -> int:
         "job": args.job,
         "version": w.version,
         "base_version": w.base_version,
+        "format_version": w.format_version,
+        "base_hash": w.base_hash.hex() if w.base_hash else None,
         "segments": w.segment_count + 1,
         "entries": w.total_entries,
         "total_bytes": w.total_bytes,
@@ -124,24 +175,15 @@ def cmd_apply(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     delta = decode_delta(_map(args.delta), key)
     weights = load_safetensors(args.base, writable=True)
-    if args.base_version is not None:
-        if weights.version is not None and weights.version != args.base_version:
-            raise UsageError(f"--base-version {args.base_version} but {args.base} records {weights.version}")
-        weights.version = args.base_version
-    elif weights.version is None:
-        # A plain checkpoint without rollart metadata: take the caller's word that it is the base.
-        print(
-            f"note: {args.base} records no version; treating it as version {delta.base_version}",
-            file=sys.stderr,
-        )
-        weights.version = delta.base_version
-    changed = apply_delta(delta, weights)
+    _identify_base(args, weights, delta)
+    changed = apply_delta(delta, weights)  # the naming (fused or --no-fuse) follows the delta's tensor names
     weights.metadata[JOB_KEY] = delta.job
     save_safetensors(args.out, weights)
     summary = {
         "out": str(args.out),
         "version": delta.version,
         "base_version": delta.base_version,
+        "format_version": delta.format_version,
         "entries": delta.total_entries,
         "tensors": len(delta.tensors),
         "hash": delta.hash.hex(),
@@ -159,15 +201,24 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     key = load_key(args.key_file, required=False)
-    info = inspect_delta(_map(args.delta), key)
+    data = _map(args.delta)
+    base = None
+    if args.base:
+        base = load_safetensors(args.base, writable=True)  # copy-on-write: the writability check passes, no write
+        _identify_base(args, base, decode_delta(data, key))
+    info = inspect_delta(data, key, base)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
     print(
-        f"job {info['job']}  version {info['version']}  base {info['base_version']}  segments {info['segments']}  "
-        f"entries {info['entries']}  bytes {info['total_bytes']} (index {info['index_bytes']}, "
-        f"values {info['value_bytes']})  authenticated {info['authenticated']}\nh(v) {info['hash']}"
+        f"job {info['job']}  version {info['version']}  base {info['base_version']}  format {info['format_version']}  "
+        f"segments {info['segments']} ({info['dense_segments']} dense)  entries {info['entries']}  "
+        f"bytes {info['total_bytes']} (index {info['index_bytes']}, values {info['value_bytes']})  "
+        f"authenticated {info['authenticated']}\nh(v) {info['hash']}\nh(v-1) {info['base_hash'] or '(format 1: none)'}"
     )
+    print("verified: every check apply runs on the delta itself" + (" and on --base" if base is not None else ""))
+    for what in info["not_checked"]:  # type: ignore[union-attr]
+        print(f"NOT checked: {what}")
     tensors: list[dict[str, Any]] = info["tensors"]  # type: ignore[assignment]
     width = max((len(t["name"]) for t in tensors), default=4)
     print(f"{'tensor':<{width}}  {'dtype':<7} {'entries':>10} {'segments':>8} {'index_bytes':>11} {'B/entry':>7}")
@@ -197,6 +248,14 @@ def _run(handler: Any) -> Any:
     return wrapped
 
 
+def _base_identity_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-version", type=int, default=None, help="version of --base if it records none")
+    p.add_argument(
+        "--base-hash",
+        help="h(v-1) of --base if it records none: 64 hex digits, or 'content' (digest of its tensors)",
+    )
+
+
 def add_subparsers(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     """Register ``delta`` (with encode, apply, inspect) on an argparse subparsers object."""
     delta = subparsers.add_parser("delta", help="sparse delta checkpoints: encode, apply, inspect")
@@ -209,6 +268,11 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     p.add_argument("--job", required=True, help="job id")
     p.add_argument("--version", required=True, type=int, help="version v of the target")
     p.add_argument("--base-version", type=int, default=None, help="version of the base (default v-1)")
+    p.add_argument(
+        "--base-hash",
+        help="h(v-1) of the base, 64 hex digits (format 2; default: the base's rollart.hash, else its content digest)",
+    )
+    p.add_argument("--format-version", type=int, choices=SUPPORTED_VERSIONS, default=FORMAT_VERSION)
     p.add_argument("--key-file", help=f"job key file (default: ${KEY_ENV})")
     p.add_argument("--max-segment-bytes", type=int, default=DEFAULT_MAX_SEGMENT_BYTES)
     p.add_argument("--no-fuse", action="store_true", help="keep HF names (no qkv_proj/gate_up_proj)")
@@ -220,14 +284,23 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     p.add_argument("--delta", required=True, help="delta file (.dseg)")
     p.add_argument("--out", required=True, help="checkpoint to write (safetensors)")
     p.add_argument("--key-file", help=f"job key file (default: ${KEY_ENV})")
-    p.add_argument("--base-version", type=int, default=None, help="version of --base if it records none")
+    _base_identity_args(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_run(cmd_apply))
 
-    p = sub.add_parser("inspect", help="verify a delta file and summarise it")
+    p = sub.add_parser(
+        "inspect",
+        help="verify a delta file with every check apply runs, and summarise it",
+        description="Runs every check apply runs on the delta (same code, same error classes). Not checked, "
+        "and said so in the output: HMACs without a job key; the base checks ("
+        + "; ".join(TARGET_CHECKS)
+        + ") without --base.",
+    )
     p.add_argument("delta", help="delta file (.dseg)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--key-file", help=f"also verify HMACs with this key (default: ${KEY_ENV} if set)")
+    p.add_argument("--base", help="also check the delta against this base checkpoint (nothing is written)")
+    _base_identity_args(p)
     p.set_defaults(func=_run(cmd_inspect))
     return delta
 
