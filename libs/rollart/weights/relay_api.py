@@ -96,7 +96,7 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
                 seg = sg.parse(msg.data, self.hub.key)
             except DeltaError as exc:
                 raise errors.InvalidArgument(
-                    "data", f"segment {msg.sequence} of version {msg.version} rejected ({type(exc).__name__}): {exc}"
+                    "", f"segment {msg.sequence} of version {msg.version} rejected ({type(exc).__name__}): {exc}"
                 ) from None
             fields = (msg.job_id, msg.version, msg.base_version, msg.sequence, msg.trailer)
             header = (seg.job, seg.version, seg.base_version, seg.seq, seg.is_trailer)
@@ -105,12 +105,12 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
                 raise errors.InvalidArgument("", "message fields {} disagree with the segment header {}".format(*shown))
             if seg.job != self.hub.job:
                 raise errors.InvalidArgument(
-                    "job_id", f"segment of job {errors.shorten(seg.job)}; this relay serves {self.hub.job!r}"
+                    "job_id", f"job_id {errors.shorten(seg.job)} of the segment is not this relay's {self.hub.job!r}"
                 )
             try:
                 new = await self.hub.buffer(seg.version, "grpc-push").put(seg)
             except DeltaError as exc:
-                raise errors.InvalidArgument("data", f"segment {seg.seq} of version {seg.version}: {exc}") from None
+                raise errors.InvalidArgument("", f"segment {seg.seq} of version {seg.version}: {exc}") from None
             except HubError as exc:
                 raise _status(exc) from None
             touched.add(seg.version)

@@ -23,10 +23,9 @@ from asyncio.streams import FlowControlMixin
 from dataclasses import dataclass, field
 from typing import Any
 
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from rollart.runtime.telemetry import log_fields
+from rollart.runtime.timeutil import duration
+from rollart.runtime.timeutil import timestamp as _ts
 from rollart.v1 import reward_pb2
 
 from . import metrics
@@ -46,12 +45,6 @@ STATE_NAMES = {
 
 # Consecutive worker start failures after which waiting jobs fail (pool_unavailable) instead of waiting.
 MAX_START_FAILURES = 3
-
-
-def _ts(seconds: float) -> Timestamp:
-    t = Timestamp()
-    t.FromNanoseconds(int(seconds * 1e9))
-    return t
 
 
 @dataclass
@@ -265,7 +258,7 @@ class ElasticPool:
             backend=reward_pb2.REWARD_POOL_BACKEND_PROCESS,
             min_workers=self.min_workers,
             max_workers=self.max_workers,
-            idle_timeout=Duration(seconds=int(self.idle_timeout), nanos=int(self.idle_timeout % 1 * 1e9)),
+            idle_timeout=duration(self.idle_timeout),
             queued=len(self.queue),
             in_flight=sum(1 for w in self.workers.values() if w.state == WS.REWARD_WORKER_STATE_BUSY),
             scored_total=self.scored_total,

@@ -19,12 +19,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 
-import grpc
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
 from grpc import aio
 
 from rollart.discovery import Registration, resource_manager_channel
+from rollart.runtime import errors, ids, timeutil
 from rollart.runtime.telemetry import log_fields, trajectory_scope
 from rollart.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 from rollart.v1 import resource_manager_pb2 as rm
@@ -53,19 +51,6 @@ STATUS = {
 }
 TS = common_pb2.TrajectoryStatus
 NOT_SCORABLE = {TS.TRAJECTORY_STATUS_CANCELLED, TS.TRAJECTORY_STATUS_INFRA_FAILURE, TS.TRAJECTORY_STATUS_TIMEOUT}
-MAX_ID_CHARS = 256
-
-
-def _duration(seconds: float) -> Duration:
-    d = Duration()
-    d.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
-    return d
-
-
-def _now_ts() -> Timestamp:
-    t = Timestamp()
-    t.GetCurrentTime()
-    return t
 
 
 def _deadline(context: aio.ServicerContext) -> float | None:
@@ -168,23 +153,17 @@ class RewardService(reward_pb2_grpc.RewardServicer):
 
     def _validate(self, req: reward_pb2.ScoreRequest) -> tuple[common_pb2.RewardSpec, str, float]:
         traj = req.trajectory
-        tid = traj.trajectory_id
-        if not tid:
-            raise InvalidRequest("trajectory.trajectory_id is required")
-        if len(tid) > MAX_ID_CHARS or not tid.isprintable():
-            raise InvalidRequest(f"trajectory.trajectory_id must be 1-{MAX_ID_CHARS} printable characters")
+        tid = ids.check_id("trajectory.trajectory_id", traj.trajectory_id)
         if traj.status in NOT_SCORABLE:
             why = f" ({traj.failure_cause})" if traj.failure_cause else ""
             raise InvalidRequest(f"trajectory {tid} ended with status {TS.Name(traj.status)}{why}: it is not scored")
-        if req.timeout.seconds < 0 or req.timeout.nanos < 0:
-            raise InvalidRequest("timeout must not be negative")
+        asked = timeutil.checked_duration("timeout", req.timeout)
         spec = registry.resolve(traj, req.spec)
         kind = registry.KIND_NAMES[spec.kind]
         if kind == "custom" and spec.scorer not in self.cfg.custom_scorers:
             raise InvalidRequest(
                 f"no custom scorer named {spec.scorer!r} is registered (known: {sorted(self.cfg.custom_scorers)})"
             )
-        asked = req.timeout.ToNanoseconds() / 1e9
         if asked > self.cfg.max_timeout_seconds:
             raise InvalidRequest(f"timeout {asked:g}s exceeds the maximum of {self.cfg.max_timeout_seconds:g}s")
         budget = asked if asked > 0 else self.cfg.timeout_for(kind)
@@ -267,7 +246,7 @@ class RewardService(reward_pb2_grpc.RewardServicer):
             trajectory_id=tid,
             status=STATUS.get(verdict.status, SS.SCORE_STATUS_FAILED),
             worker_id=worker_id,
-            queue_time=_duration(queue_s),
+            queue_time=timeutil.duration(queue_s),
             attempts=attempts,
         )
         if verdict.status == OK:
@@ -278,8 +257,8 @@ class RewardService(reward_pb2_grpc.RewardServicer):
                     spec=spec,
                     components=verdict.components,
                     explanation=verdict.explanation[-4000:],
-                    scored_at=_now_ts(),
-                    scoring_time=_duration(scoring_s),
+                    scored_at=timeutil.now(),
+                    scoring_time=timeutil.duration(scoring_s),
                 )
             )
         else:
@@ -330,12 +309,9 @@ class RewardService(reward_pb2_grpc.RewardServicer):
     # ------------------------------------------------------------------------------------------------- RPCs
 
     async def Score(self, request: reward_pb2.ScoreRequest, context: aio.ServicerContext) -> reward_pb2.ScoreResult:
-        try:
-            result = await self.score(request, _deadline(context))
-        except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        result = await self.score(request, _deadline(context))  # a bad request raises InvalidArgument
         if result.status == SS.SCORE_STATUS_INVALID:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, result.error)
+            raise errors.InvalidArgument("", result.error)
         return result
 
     async def ScoreMany(
@@ -350,11 +326,11 @@ class RewardService(reward_pb2_grpc.RewardServicer):
         async def one(req: reward_pb2.ScoreRequest) -> None:
             try:
                 res = await self.score(req, deadline)
-            except InvalidRequest as exc:
+            except errors.InvalidArgument as exc:  # one bad request is one INVALID result, not a failed stream
                 res = reward_pb2.ScoreResult(
                     trajectory_id=req.trajectory.trajectory_id,
                     status=SS.SCORE_STATUS_INVALID,
-                    error=str(exc),
+                    error=exc.details(),
                     cause="invalid",
                 )
             finally:
@@ -454,17 +430,14 @@ class RewardService(reward_pb2_grpc.RewardServicer):
         self, request: reward_pb2.ConfigureRewardPoolRequest, context: aio.ServicerContext
     ) -> reward_pb2.RewardPoolStatus:
         if request.max_workers <= 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_workers must be > 0")
+            raise errors.InvalidArgument("max_workers", "must be > 0")
         if request.max_workers > 1024:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_workers must be <= 1024")
+            raise errors.InvalidArgument("max_workers", "must be <= 1024")
         if request.min_workers < 0 or request.min_workers > request.max_workers:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"min_workers must be within [0, max_workers={request.max_workers}], got {request.min_workers}",
+            raise errors.InvalidArgument(
+                "min_workers", f"must be within [0, max_workers={request.max_workers}], got {request.min_workers}"
             )
-        idle = request.idle_timeout.ToNanoseconds() / 1e9
-        if idle < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "idle_timeout must not be negative")
+        idle = timeutil.checked_duration("idle_timeout", request.idle_timeout)
         self.pool.configure(request.min_workers, request.max_workers, idle if idle > 0 else None)
         log.info(
             "pool configured",

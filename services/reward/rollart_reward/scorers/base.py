@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollart.runtime import errors
 from rollart.v1 import common_pb2
 
 # Status names shared by workers (JSON) and the service (mapped to ScoreStatus there).
@@ -70,8 +71,11 @@ class ScorerFailure(Exception):
         )
 
 
-class InvalidRequest(ValueError):
+class InvalidRequest(errors.InvalidArgument, ValueError):
     """The request cannot be scored as sent (missing gold answer, unknown dataset, ...): INVALID_ARGUMENT."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(field, message)
 
 
 def final_answer(traj: common_pb2.Trajectory) -> str:

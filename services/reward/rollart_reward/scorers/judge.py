@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 from grpc import aio
 
 from rollart.runtime.client import channel
 from rollart.runtime.config import TLSConfig
+from rollart.runtime.timeutil import timestamp
 from rollart.v1 import common_pb2, llmproxy_pb2, llmproxy_pb2_grpc
 
 from .base import FAILED, InvalidRequest, ScorerFailure, Verdict, final_answer
@@ -159,8 +159,7 @@ class JudgeClient:
             raise InvalidRequest(f"option max_tokens must be an integer, got {options['max_tokens']!r}") from None
         if max_tokens <= 0:
             raise InvalidRequest("option max_tokens must be > 0")
-        deadline = Timestamp()
-        deadline.FromNanoseconds(int((time.time() + budget) * 1e9))
+        deadline = timestamp(time.time() + budget)
         return llmproxy_pb2.TrajectoryGenerateRequest(
             # The judge's own trajectory id, derived from the judged one (stickiness, aborts and tracing).
             trajectory_id=f"{traj.trajectory_id}/judge",
