@@ -120,7 +120,8 @@ def test_chain_of_two_staged_deltas_applies_in_one_update(model: Path, tmp_path:
     base = load_safetensors(model / "model.safetensors")
     v1 = perturb(base, layer_projections(base, 0), seed=1)
     v2 = perturb(v1, layer_projections(v1, 1), seed=2)
-    m1, _ = delta_segments(base, v1, version=1, base_version=0)
+    m1, h1 = delta_segments(base, v1, version=1, base_version=0)
+    v1.applied_hash = h1  # D_2 names its base by h(v1)
     m2, h2 = delta_segments(v1, v2, version=2, base_version=1)
     with pytest.raises(WeightError):  # v2 before v1 started: its base is neither active nor staged
         mgr.stage_segment(m2[0])
@@ -206,8 +207,9 @@ def test_staged_full_weights_then_a_delta(model: Path, tmp_path: Path) -> None:
     base = load_safetensors(model / "model.safetensors")
     v3 = perturb(base, layer_projections(base, 0) + layer_projections(base, 1), seed=6)
     v4 = perturb(v3, layer_projections(v3, 1), seed=7)
+    v3.applied_hash = b"\x03" * 32  # h(v3) as the bucket manifest records it; D_4 names its base by it
     full = v3.copy()
-    mgr.stage_full(3, full, b"\x03" * 32, artifact="buckets", source="mooncake", parts=1, nbytes=full.nbytes)
+    mgr.stage_full(3, full, v3.applied_hash, artifact="buckets", source="mooncake", parts=1, nbytes=full.nbytes)
     msgs, h4 = delta_segments(v3, v4, version=4, base_version=3)
     for m in msgs:
         mgr.stage_segment(m)
@@ -215,3 +217,110 @@ def test_staged_full_weights_then_a_delta(model: Path, tmp_path: Path) -> None:
     assert outcome.error is None, outcome.error
     assert host.version == 4 and host.hash == h4 and _same(v4, engine.served)
     assert len(engine.payload_names[-1]) == len(base.arrays)  # full weights: every tensor reloaded
+
+
+def _order(oid: str, version: int, hash_: bytes = b"") -> common_pb2.CommitOrder:
+    return common_pb2.CommitOrder(order_id=oid, version=version, hash=hash_)
+
+
+def test_commit_transitions_refused_and_no_ops(model: Path, tmp_path: Path) -> None:
+    """The active version moves only by a commit of a staged route; every other commit changes nothing."""
+    host, engine, mgr = _setup(model, tmp_path)
+    base = load_safetensors(model / "model.safetensors")
+    v1 = perturb(base, layer_projections(base, 0), seed=8)
+    msgs, h1 = delta_segments(base, v1, version=1, base_version=0)
+
+    async def run() -> None:
+        # A commit of a version nothing was staged for: FAILED_PRECONDITION, v0 stays.
+        bad, _ = await mgr.commit(_order("unstaged", 1))
+        assert bad.error is not None and bad.error.code == "FAILED_PRECONDITION" and "based on v0" in str(bad.error)
+        assert host.version == 0 and engine.payload_names == [] and mgr.last_error
+        for m in msgs:
+            mgr.stage_segment(m)
+        # The same order twice at once: applied once, the second waits for the first and is a duplicate.
+        (a, dup_a), (b, dup_b) = await asyncio.gather(
+            mgr.commit(_order("twice", 1, h1)), mgr.commit(_order("twice", 1, h1))
+        )
+        assert a.error is None and b.error is None and sorted([dup_a, dup_b]) == [False, True]
+        assert host.version == 1 and host.hash == h1 and len(engine.payload_names) == 1 and mgr.last_error == ""
+        # Another order for the active version (same or no hash), or for an older one: a no-op.
+        for oid, v, h in (("again", 1, h1), ("no-hash", 1, b""), ("older", 0, b"")):
+            same, dup = await mgr.commit(_order(oid, v, h))
+            assert same.error is None and not dup and not same.result.applied
+            assert (same.result.from_version, same.result.to_version) == (1, 1)
+        assert len(engine.payload_names) == 1
+        # The active version under another h(v): DATA_LOSS, and still nothing changes.
+        other, _ = await mgr.commit(_order("other-hash", 1, bytes(32)))
+        assert other.error is not None and other.error.code == "DATA_LOSS"
+        assert host.version == 1 and host.hash == h1 and _same(v1, host.ws.arrays)
+        # Segments of the active version are duplicates now, not errors.
+        assert [mgr.stage_segment(m) for m in msgs] == [False] * len(msgs) and mgr.staged() == []
+
+    asyncio.run(run())
+
+
+def test_a_pushed_delta_whose_base_is_not_the_active_version_is_refused_after_a_commit(
+    model: Path, tmp_path: Path
+) -> None:
+    host, engine, mgr = _setup(model, tmp_path)
+    base = load_safetensors(model / "model.safetensors")
+    v1 = perturb(base, layer_projections(base, 0), seed=9)
+    m1, h1 = delta_segments(base, v1, version=1, base_version=0)
+    for m in m1:
+        mgr.stage_segment(m)
+    outcome, _ = asyncio.run(mgr.commit(_order("c1", 1, h1)))
+    assert outcome.error is None and host.version == 1
+    # D_2 computed from v0 (base 0) while v1 is active: refused at its first segment, nothing staged.
+    v2 = perturb(base, layer_projections(base, 1), seed=10)
+    wrong, _ = delta_segments(base, v2, version=2, base_version=0)
+    with pytest.raises(WeightError) as err:
+        mgr.stage_segment(wrong[0])
+    assert err.value.code == "FAILED_PRECONDITION" and "active version is v1" in str(err.value)
+    assert mgr.staged() == [] and host.version == 1 and len(engine.payload_names) == 1
+
+
+async def test_relay_deltas_stage_into_the_same_staging_and_commit_through_the_manager(
+    model: Path, tmp_path: Path
+) -> None:
+    """A real publisher as the relay-like source: its commit orders and the actor's own Commit share one path."""
+    from rollart.weights.publisher import Publisher
+    from tests.conftest import TOKEN
+
+    host, engine, mgr = _setup(model, tmp_path)
+    mgr.commit_timeout = 20.0
+    ws = [load_safetensors(model / "model.safetensors")]
+    ws[0].version = 0
+    for v, layer in ((1, 0), (2, 1), (3, 0)):
+        ws.append(perturb(ws[-1], layer_projections(ws[-1], layer), seed=40 + v))
+        ws[-1].version = v
+    pub = Publisher(job=JOB, key=KEY, token=TOKEN, grpc_listen="127.0.0.1:0", max_segment_bytes=16 << 10)
+    await pub.start()
+    try:
+        await pub.publish(0, ws[0])
+        source = mgr.follow(subscriber_id="actor-u", token=TOKEN, sources=[pub.grpc_endpoint], streams=2)
+        await asyncio.wait_for(source.follower.connected_event.wait(), 20)
+        r1 = await pub.publish(1, ws[1])
+        await pub.commit(1)  # the order arrives on the source's event stream
+        for _ in range(400):
+            if host.version == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert host.version == 1 and host.hash == r1.hash and _same(ws[1], engine.served)
+        assert mgr.last_update is not None and mgr.last_update.to_version == 1 and mgr.staged() == []
+        # Away while v2 and v3 are published; back, Commit(3) gathers both from the source and applies
+        # them at one safe point.
+        await mgr.unfollow()
+        await pub.publish(2, ws[2])
+        r3 = await pub.publish(3, ws[3])
+        mgr.follow(subscriber_id="actor-u", token=TOKEN, sources=[pub.grpc_endpoint], streams=2)
+        outcome, _ = await mgr.commit(_order("c3", 3, r3.hash))
+        assert outcome.error is None, outcome.error
+        assert outcome.result.deltas_applied == 2 and (outcome.result.from_version, outcome.result.to_version) == (1, 3)
+        assert host.version == 3 and host.hash == r3.hash and _same(ws[3], engine.served)
+        assert len(engine.payload_names) == 2 and mgr.staged() == []
+        # A version the source never had: refused after fetching once, v3 stays.
+        missing, _ = await mgr.commit(_order("c9", 9))
+        assert missing.error is not None and host.version == 3
+    finally:
+        await mgr.unfollow()
+        await pub.stop()
