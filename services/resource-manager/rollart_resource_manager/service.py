@@ -26,6 +26,7 @@ from rollart.v1 import common_pb2
 from rollart.v1 import resource_manager_pb2 as rm
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
+from . import validators
 from .config import ResourceManagerConfig
 from .placement import PlacementError, place
 
@@ -233,6 +234,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
         for f in pool.fallback_pools:
             if not ids.is_name(f) or f == pool.name:
                 raise errors.InvalidArgument("pool.fallback_pools", f"has an invalid entry {errors.shorten(f)}")
+        validators.pool(pool)
         async with self.lock:
             pools, workers, bindings = await self._load()
             existing = pools.get(pool.name)
@@ -313,6 +315,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
             raise errors.InvalidArgument("worker.endpoint", "is required (host:port or URL, at most 512 characters)")
         if w.ttl_seconds < 0 or w.ttl_seconds > 3600:
             raise errors.InvalidArgument("worker.ttl_seconds", f"must be within [0, 3600], got {w.ttl_seconds}")
+        validators.worker(w)
         async with self.lock:
             pools, workers, bindings = await self._load()
             pool = pools.get(w.pool)
@@ -347,6 +350,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
 
     async def Heartbeat(self, request: rm.HeartbeatRequest, context: aio.ServicerContext) -> rm.HeartbeatResponse:
         ids.check_id("worker_id", request.worker_id)
+        validators.load(request.load)
         # Heartbeats are the hottest call: no lock, only the worker's own record and expiry change.
         raw = await self.redis.hget(self.k_workers, request.worker_id)
         now = time.time()
@@ -415,6 +419,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
             raise errors.InvalidArgument("slots_per_replica", f"must be >= 0, got {req.slots_per_replica}")
         if req.preferred_kind not in common_pb2.PoolKind.values():
             raise errors.InvalidArgument("preferred_kind", f"{req.preferred_kind} is not a PoolKind")
+        validators.bind(req)
         async with self.lock:
             pools, workers, bindings = await self._load()
             if req.preferred_pool and req.preferred_pool not in pools:

@@ -246,6 +246,37 @@ def test_restart_after_sigkill_serves_the_same_state(services, redis_url, channe
         ("Heartbeat", rm.HeartbeatRequest(worker_id=""), "INVALID_ARGUMENT"),
         ("GetBinding", rm.GetBindingRequest(binding_id="missing"), "NOT_FOUND"),
         ("SetPoolState", rm.SetPoolStateRequest(name="missing"), "NOT_FOUND"),
+        # Hardware, regions, labels, TTLs and loads are bounded: no NaN, negative or megabyte values stored.
+        *[
+            ("RegisterPool", rm.RegisterPoolRequest(pool=rm.Pool(name="p", kind=K.POOL_KIND_CPU, capacity=1, **kw)),
+             "INVALID_ARGUMENT")
+            for kw in (
+                {"hardware": common_pb2.Hardware(memory_gib=float("nan"))},
+                {"hardware": common_pb2.Hardware(memory_gib=-1)},
+                {"hardware": common_pb2.Hardware(memory_gib=float("inf"))},
+                {"hardware": common_pb2.Hardware(count=-4)},
+                {"hardware": common_pb2.Hardware(accelerator="H" * (1 << 19))},
+                {"hardware": common_pb2.Hardware(tags=["t"] * 1000)},
+                {"region": "r" * (1 << 19)},
+                {"region": "bad region"},
+                {"labels": {"k": "v" * 5000}},
+            )
+        ],
+        *[
+            ("RegisterWorker", rm.RegisterWorkerRequest(
+                worker=rm.Worker(worker_id="w", role="a", endpoint="x:1", pool="cpu", **kw)), "INVALID_ARGUMENT")
+            for kw in (
+                {"ttl_seconds": float("nan")},
+                {"hardware": common_pb2.Hardware(memory_gib=float("nan"))},
+                {"region": "r" * (1 << 19)},
+            )
+        ],
+        ("Heartbeat", rm.HeartbeatRequest(worker_id="w", load={"tps": float("nan")}), "INVALID_ARGUMENT"),
+        ("SetPoolState", rm.SetPoolStateRequest(name="n" * (1 << 19)), "INVALID_ARGUMENT"),
+        # Over the resource manager's 1 MiB receive limit: refused before it is read.
+        ("SetPoolState", rm.SetPoolStateRequest(name="n" * (1 << 20)), "RESOURCE_EXHAUSTED"),
+        ("Bind", rm.BindRequest(binding_id="b", role="actor", replicas=1, hardware_tags=["x" * 5000]),
+         "INVALID_ARGUMENT"),
     ],
 )
 def test_malformed_requests_get_clear_errors_and_change_nothing(rm_env, call, request_, code):
@@ -259,6 +290,7 @@ def test_malformed_requests_get_clear_errors_and_change_nothing(rm_env, call, re
         getattr(stub, call)(request_, metadata=md)
     assert exc.value.code().name == code, exc.value.details()
     assert exc.value.details()
+    assert len(exc.value.details()) < 1024  # never the caller's megabyte echoed back
     after = (stub.ListPools(rm.ListPoolsRequest(), metadata=md), stub.ListWorkers(rm.ListWorkersRequest(), metadata=md))
     assert after == before
 

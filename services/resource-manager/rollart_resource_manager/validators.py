@@ -1,0 +1,84 @@
+"""Request checks of the resource manager beyond the ids (built on ``rollart.runtime.validation``).
+
+Invariant: nothing the resource manager stores holds a NaN, an infinity, a negative size or an unbounded string
+or list: hardware, regions, labels, TTLs and load reports are bounded here before a record is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rollart.runtime import ids
+from rollart.runtime import validation as v
+from rollart.v1 import common_pb2
+from rollart.v1 import resource_manager_pb2 as rm
+
+MAX_ACCELERATORS = 1 << 16
+MAX_MEMORY_GIB = 1 << 20  # 1 PiB per worker: far above any machine, far below float trouble
+MAX_TAGS = 64
+MAX_TAG_CHARS = 128
+MAX_LABELS = 64
+MAX_LABEL_KEY_CHARS = 128
+MAX_LABEL_VALUE_CHARS = 1024
+MAX_CAPACITY = 1_000_000
+MAX_TTL_SECONDS = 3600.0
+MAX_ENDPOINT_CHARS = 512
+
+
+def hardware(field: str, hw: common_pb2.Hardware) -> None:
+    v.text(f"{field}.accelerator", hw.accelerator, 64)
+    v.integer(f"{field}.count", hw.count, 0, MAX_ACCELERATORS)
+    v.number(f"{field}.memory_gib", hw.memory_gib, 0, MAX_MEMORY_GIB)
+    tags(f"{field}.tags", hw.tags)
+
+
+def tags(field: str, values: list[str]) -> None:
+    v.items(field, values, MAX_TAGS)
+    for i, tag in enumerate(values):
+        v.text(f"{field}[{i}]", tag, MAX_TAG_CHARS, required=True)
+
+
+def region(field: str, value: str) -> None:
+    """A region is optional; when set it follows the id rule, at most 128 characters."""
+    ids.check_id(field, value, required=False, max_chars=128)
+
+
+def labels(field: str, values: Mapping[str, str]) -> None:
+    v.mapping(
+        field, values, MAX_LABELS, max_key_chars=MAX_LABEL_KEY_CHARS, max_value_chars=MAX_LABEL_VALUE_CHARS
+    )
+
+
+def pool(p: rm.Pool) -> None:
+    """The parts of a pool the servicer does not check itself (name, kind, fallbacks)."""
+    v.integer("pool.capacity", p.capacity, 1, MAX_CAPACITY)
+    hardware("pool.hardware", p.hardware)
+    region("pool.region", p.region)
+    labels("pool.labels", p.labels)
+    v.items("pool.fallback_pools", p.fallback_pools, 16)
+
+
+def worker(w: rm.Worker) -> None:
+    """The parts of a worker the servicer does not check itself (id, role, pool)."""
+    v.text("worker.endpoint", w.endpoint, MAX_ENDPOINT_CHARS, required=True)
+    v.number("worker.ttl_seconds", w.ttl_seconds, 0, MAX_TTL_SECONDS)
+    hardware("worker.hardware", w.hardware)
+    region("worker.region", w.region)
+    labels("worker.labels", w.labels)
+
+
+def load(values: Mapping[str, float]) -> None:
+    """A heartbeat's load report: finite numbers under short keys (kept as ``load.<key>`` labels)."""
+    v.items("load", values, 32)
+    for key, value in values.items():
+        v.text("load", key, 64)
+        v.number(f"load[{key}]", value)
+
+
+def bind(req: rm.BindRequest) -> None:
+    """The parts of a bind request the servicer does not check itself."""
+    v.integer("slots_per_replica", req.slots_per_replica, 0, MAX_CAPACITY)
+    ids.check_name("preferred_pool", req.preferred_pool, required=False)
+    v.enum("preferred_kind", req.preferred_kind, common_pb2.PoolKind, required=False)
+    tags("hardware_tags", req.hardware_tags)
+    v.text("affinity_tag", req.affinity_tag, MAX_TAG_CHARS)
