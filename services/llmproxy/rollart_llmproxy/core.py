@@ -18,12 +18,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
 from grpc import aio
 
+from rollart.runtime import errors, ids
 from rollart.runtime.client import channel
 from rollart.runtime.telemetry import log_fields, trajectory_scope
+from rollart.runtime.timeutil import duration as _dur
+from rollart.runtime.timeutil import timestamp as _ts
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 from rollart.v1 import llmproxy_pb2 as lp
 
@@ -35,7 +36,7 @@ from .tokenizer import LocalTokenizer
 
 log = logging.getLogger(__name__)
 
-MAX_ID = 256
+MAX_ID = ids.MAX_ID_CHARS  # also the longest task (route) name
 # Trailing metadata of a failed turn (see the retryable-status contract in llmproxy.proto).
 MD_RETRYABLE = "rollart-retryable"
 MD_FAILED_ACTOR = "rollart-failed-actor"
@@ -48,14 +49,18 @@ PD_ROLE_NAMES = {
 ABORTED = common_pb2.FINISH_REASON_ABORTED
 
 
-class TurnError(Exception):
-    """Ends a turn with a gRPC status (and trailing metadata)."""
+class TurnError(errors.ServiceError):
+    """Ends a turn with a gRPC status and the retryable-status trailing metadata (llmproxy.proto).
+
+    A ``runtime.errors.ServiceError``: raised from a servicer method, the server's handler wrapper ends the call
+    with it; the OpenAI HTTP API maps it to an HTTP status.
+    """
 
     def __init__(self, code: grpc.StatusCode, message: str, trailing: list[tuple[str, str]] | None = None) -> None:
-        super().__init__(message)
+        super().__init__(
+            message, trailing=trailing or [(MD_RETRYABLE, "true" if code == grpc.StatusCode.UNAVAILABLE else "false")]
+        )
         self.code = code
-        self.message = message
-        self.trailing = trailing or [(MD_RETRYABLE, "true" if code == grpc.StatusCode.UNAVAILABLE else "false")]
 
     @property
     def retryable(self) -> bool:
@@ -84,12 +89,11 @@ class _ActorFailed(Exception):
 
 
 def check_id(name: str, value: str, required: bool = True) -> None:
-    if not value:
-        if required:
-            raise invalid(f"{name} is required")
-        return
-    if len(value) > MAX_ID or not value.isprintable():
-        raise invalid(f"{name} must be 1-{MAX_ID} printable characters")
+    """The one id rule (``rollart.runtime.ids``), failing as a non-retryable TurnError."""
+    try:
+        ids.check_id(name, value, required=required)
+    except errors.InvalidArgument as exc:
+        raise invalid(exc.details()) from None
 
 
 def check_input(inp: common_pb2.ModelInput, where: str = "input") -> None:
@@ -123,18 +127,6 @@ def prompt_estimate(inp: common_pb2.ModelInput) -> int:
     if inp.messages:
         return sum(len(m.content) for m in inp.messages) // 3 + 4 * len(inp.messages)
     return len(inp.text) // 3 + 1
-
-
-def _ts(seconds: float) -> Timestamp:
-    ts = Timestamp()
-    ts.FromNanoseconds(int(seconds * 1e9))
-    return ts
-
-
-def _dur(seconds: float) -> Duration:
-    d = Duration()
-    d.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
-    return d
 
 
 class ActorClient:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
-import re
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -22,26 +20,12 @@ from rollart.v1 import llmproxy_pb2_grpc as lg
 from rollart.v1 import resource_manager_pb2 as rm
 
 from .config import LLMProxyConfig
-from .core import Proxy, TurnError, check_id, invalid
+from .core import Proxy, check_id, invalid
 from .membership import LedgerWatch, ResourceManagerSync, discover
 from .openai_http import OpenAIServer
 
 log = logging.getLogger(__name__)
 
-ACTOR_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/#+=-]{0,199}$")
-
-
-def handler(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Maps TurnError (raised by validation and the core) to the call's status."""
-
-    @functools.wraps(fn)
-    async def run(self: "LLMProxyService", request: Any, context: aio.ServicerContext) -> Any:
-        try:
-            return await fn(self, request, context)
-        except TurnError as exc:
-            await context.abort(exc.code, exc.message, trailing_metadata=tuple(exc.trailing))
-
-    return run
 
 
 class LLMProxyService(lg.LLMProxyServicer):
@@ -129,14 +113,11 @@ class LLMProxyService(lg.LLMProxyServicer):
     async def Generate(
         self, request: lp.TrajectoryGenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[lp.TrajectoryGenerateResponse]:
-        try:
-            async with aclosing(self.p.generate(request, context.time_remaining())) as gen:
-                async for resp in gen:
-                    yield resp
-        except TurnError as exc:
-            await context.abort(exc.code, exc.message, trailing_metadata=tuple(exc.trailing))
+        # A failed turn raises TurnError: the server's handler wrapper ends the stream with its status.
+        async with aclosing(self.p.generate(request, context.time_remaining())) as gen:
+            async for resp in gen:
+                yield resp
 
-    @handler
     async def Tokenize(self, request: lp.ProxyTokenizeRequest, context: aio.ServicerContext) -> Any:
         if not request.HasField("request"):
             raise invalid("request is required")
@@ -145,17 +126,14 @@ class LLMProxyService(lg.LLMProxyServicer):
 
     # ------------------------------------------------------------------------------------------ step protocol
 
-    @handler
     async def Suspend(self, request: lp.SuspendRequest, context: aio.ServicerContext) -> lp.AdmissionState:
         if len(request.reason) > 1000:
             raise invalid("reason is longer than 1000 characters")
         return self.p.suspend(request.reason, request.step)
 
-    @handler
     async def Resume(self, request: lp.ResumeRequest, context: aio.ServicerContext) -> lp.AdmissionState:
         return self.p.resume()
 
-    @handler
     async def Abort(self, request: lp.ProxyAbortRequest, context: aio.ServicerContext) -> lp.ProxyAbortResponse:
         if not request.trajectory_ids:
             raise invalid("trajectory_ids is required")
@@ -163,7 +141,6 @@ class LLMProxyService(lg.LLMProxyServicer):
             check_id(f"trajectory_ids[{i}]", tid)
         return self.p.abort(list(request.trajectory_ids), request.reason[:1000])
 
-    @handler
     async def SetVersionWindow(
         self, request: lp.SetVersionWindowRequest, context: aio.ServicerContext
     ) -> lp.VersionWindow:
@@ -171,16 +148,13 @@ class LLMProxyService(lg.LLMProxyServicer):
 
     # ---------------------------------------------------------------------------------------- membership
 
-    @handler
     async def ListActors(
         self, request: lp.ListProxyActorsRequest, context: aio.ServicerContext
     ) -> lp.ListProxyActorsResponse:
         return lp.ListProxyActorsResponse(actors=self.p.list_actors(request.pool))
 
-    @handler
     async def AddActor(self, request: lp.AddProxyActorRequest, context: aio.ServicerContext) -> lp.ProxyActor:
-        if not ACTOR_ID_RE.match(request.actor_id):
-            raise invalid(f"actor_id is required and must match {ACTOR_ID_RE.pattern}")
+        check_id("actor_id", request.actor_id)
         try:
             _check_address(request.endpoint)
         except ValueError as exc:
@@ -205,33 +179,26 @@ class LLMProxyService(lg.LLMProxyServicer):
         self.p._start_poller(entry.actor_id)
         return self.p.proxy_actor(entry, self.p.router.sticky_counts())
 
-    @handler
     async def RemoveActor(
         self, request: lp.RemoveProxyActorRequest, context: aio.ServicerContext
     ) -> common_pb2.Nothing:
-        if not request.actor_id:
-            raise invalid("actor_id is required")
+        check_id("actor_id", request.actor_id)
         self.p.remove_actor(request.actor_id, request.abort_in_flight)
         return common_pb2.Nothing()
 
-    @handler
     async def SetAffinity(self, request: lp.SetAffinityRequest, context: aio.ServicerContext) -> lp.AffinityTable:
         self.p.set_affinity(list(request.rules), request.merge)
         return self.p.affinity_table()
 
-    @handler
     async def GetAffinity(self, request: lp.GetAffinityRequest, context: aio.ServicerContext) -> lp.AffinityTable:
         return self.p.affinity_table()
 
-    @handler
     async def SetPdConfig(self, request: lp.SetPdConfigRequest, context: aio.ServicerContext) -> lp.PdRouting:
         self.p.set_pd(list(request.pools), request.merge)
         return self.p.pd_routing()
 
-    @handler
     async def GetPdConfig(self, request: lp.GetPdConfigRequest, context: aio.ServicerContext) -> lp.PdRouting:
         return self.p.pd_routing()
 
-    @handler
     async def GetStatus(self, request: lp.ProxyStatusRequest, context: aio.ServicerContext) -> lp.ProxyStatus:
         return self.p.status()
