@@ -7,7 +7,9 @@ Modules (import them directly; this package imports nothing eagerly, so each sta
   shared by the relay service and the trainer's publisher.
 - ``relay_api``: the ``rollart.v1.Relay`` gRPC servicer over a hub.
 - ``follower``: follows a relay-like source (events, striped pulls, failover to fallbacks).
-- ``subscriber``: stages ``D_v`` per version, commits at a safe point, bootstraps joiners.
+- ``staging``: the state machine of staged versions (arriving, staged, rejected; routes to a version).
+- ``subscriber``: ``DeltaSource`` (receives ``D_v`` from a relay into staging, fetches missed ones) and the
+  standalone ``WeightSubscriber`` (commits, bootstraps joiners).
 - ``publisher``: publishes a version (full checkpoint every K, the delta stream, buckets).
 - ``checkpoint_store``, ``buckets``: full checkpoints and Mooncake buckets.
 """
