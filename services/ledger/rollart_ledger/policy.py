@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from google.protobuf.duration_pb2 import Duration
 
@@ -157,3 +158,13 @@ def derived_capacity(pol: dict[str, float], holders: int, batch: int, group: int
     if pol["cap"] > 0:
         return int(pol["cap"])
     return int((pol["alpha"] + 1) * max(holders, batch, group))
+
+
+def numbers(stored: Mapping[bytes | str, bytes | str]) -> dict[str, float]:
+    """The policy numbers of a stored hash (``pol`` or ``pol:next``; ``blob`` skipped), defaults filled in."""
+    out = dict(DEFAULTS)
+    for key, value in stored.items():
+        name = key.decode() if isinstance(key, bytes) else key
+        if name != "blob":
+            out[name] = float(value)
+    return out

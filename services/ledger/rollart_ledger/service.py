@@ -24,7 +24,6 @@ from grpc import aio
 from prometheus_client import Counter
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.exceptions import WatchError
 
 from rollart.discovery import Registration
 from rollart.runtime.telemetry import log_fields
@@ -33,11 +32,12 @@ from rollart.v1 import ledger_pb2 as lp
 from rollart.v1 import ledger_pb2_grpc as lg
 from rollart.v1 import resource_manager_pb2 as rm
 
-from . import codec, scheduling
+from . import codec
 from . import policy as pol
 from .config import LedgerConfig
 from .errors import LedgerError
-from .scripts import BatchRecord, Command, LedgerScripts, NewGroup, TauUpdate, WorkReport, now_ms
+from .planning import StepPlanner
+from .scripts import BatchRecord, LedgerScripts, NewGroup, WorkReport, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,7 @@ class LedgerService(lg.LedgerServicer):
         self.redis = aioredis.from_url(cfg.redis_url)
         self.p = cfg.key_prefix
         self.scripts = LedgerScripts(self.redis, self.p)
+        self.planner = StepPlanner(self.redis, self.scripts, self.p)
         self.signal = _Signal()
         self._reaper: asyncio.Task | None = None
         self._last_trim = 0.0
@@ -192,11 +193,7 @@ class LedgerService(lg.LedgerServicer):
             h = await self.redis.hgetall(self.k("pol:next"))
         if not h:
             h = await self.redis.hgetall(self.k("pol"))
-        out = dict(pol.DEFAULTS)
-        for key, value in h.items():
-            if key != b"blob":
-                out[key.decode()] = float(value)
-        return out
+        return pol.numbers(h)
 
     # ------------------------------------------------------------------------------------------------ reaper
 
@@ -467,231 +464,29 @@ class LedgerService(lg.LedgerServicer):
             raise invalid(f"version must be >= 0, got {request.version}")
         if not 1 <= request.batch_size <= MAX_BATCH:
             raise invalid(f"batch_size must be within [1, {MAX_BATCH}], got {request.batch_size}")
-        for _ in range(50):
-            try:
-                plan = await self._plan_once(request)
-            except WatchError:
-                continue  # an actor or the step moved while we read: plan again on fresh state
-            return await self._fill_commits(plan)
-        raise Abort(grpc.StatusCode.ABORTED, "the ledger state kept changing while planning; retry")
-
-    async def _plan_once(self, request: lp.PlanStepRequest) -> lp.StepPlan:
-        step, v, batch = request.step, request.version, request.batch_size
-        k_plan = self.k(f"plan:{step}")
-        async with self.redis.pipeline(transaction=True) as pipe:
-            await pipe.watch(self.k("cur"), self.k("actors"), k_plan, self.k("pol"), self.k("pol:next"))
-            existing = await pipe.get(k_plan)
-            if existing is not None:
-                plan = lp.StepPlan.FromString(existing)
-                if plan.version != v:
-                    raise precondition(
-                        f"step {step} was already planned with version {plan.version}, not {v}"
-                    )
-                return plan
-            cur = codec.hdict(await pipe.hgetall(self.k("cur")))
-            if cur and step < int(cur["step"]):
-                raise precondition(f"step {step} is older than the current step {int(cur['step'])}")
-            if cur and v < int(cur["v"]):
-                raise precondition(f"version {v} is older than the current version {int(cur['v'])}")
-            vblob = await pipe.hget(self.k("versions"), str(v))
-            if vblob is None:
-                raise precondition(f"version {v} is not registered")
-            version = common_pb2.PolicyVersion.FromString(vblob)
-            ids = sorted(m.decode() for m in await pipe.smembers(self.k("actors")))
-            if ids:
-                await pipe.watch(*[self.k("a:" + a) for a in ids])
-            raw = {}
-            for aid in ids:
-                raw[aid] = codec.hdict(await pipe.hgetall(self.k("a:" + aid)))
-            policy_h = codec.hdict(await pipe.hgetall(self.k("pol:next"))) or codec.hdict(
-                await pipe.hgetall(self.k("pol"))
-            )
-            policy = dict(pol.DEFAULTS)
-            policy.update({key: float(val) for key, val in policy_h.items() if key != "blob"})
-
-            now = now_ms()
-            plan, taus, commands = self._make_plan(request, version, raw, policy, now)
-            pipe.multi()
-            await self.scripts.plan_commit(
-                step=step,
-                version=v,
-                batch_size=batch,
-                plan=plan,
-                quotas=[(al.actor_id, al.requests) for al in plan.allocations],
-                tau_updates=taus,
-                commands=commands,
-                pipe=pipe,
-            )
-            await pipe.execute()
-        log.info(
-            "step planned",
-            extra=log_fields(
-                step=step,
-                version=v,
-                batch=batch,
-                allocations={a.actor_id: a.requests for a in plan.allocations},
-            ),
-        )
-        self.signal.fire()
-        return plan
-
-    def _make_plan(
-        self,
-        request: lp.PlanStepRequest,
-        version: common_pb2.PolicyVersion,
-        raw: dict[str, dict[str, bytes]],
-        policy: dict[str, float],
-        now: int,
-    ) -> tuple[lp.StepPlan, dict[str, TauUpdate], list[Command]]:
-        step, v = request.step, request.version
-        views: dict[str, scheduling.ActorView] = {}
-        actors: dict[str, lp.LedgerActor] = {}
-        for aid, h in raw.items():
-            if not h.get("info"):
-                continue
-            a = codec.actor_from(h, now, policy["tout"])
-            if a.liveness == lp.ACTOR_LIVENESS_LEFT:
-                continue
-            actors[aid] = a
-            views[aid] = scheduling.ActorView(
-                actor_id=aid,
-                tau=a.tau,
-                alive=a.liveness in (lp.ACTOR_LIVENESS_ALIVE, lp.ACTOR_LIVENESS_DRAINING),
-                draining=a.liveness == lp.ACTOR_LIVENESS_DRAINING,
-                weights=a.weights,
-            )
-        eligible: dict[str, bool] = {}
-        excluded: dict[str, int] = {}
-        for aid, view in views.items():
-            reason, needs_commit = scheduling.classify(view, v, version.hash)
-            if reason is None:
-                eligible[aid] = needs_commit
-            else:
-                excluded[aid] = reason
-        if not eligible:
-            reasons = (
-                ", ".join(f"{a}: {lp.ExclusionReason.Name(r)}" for a, r in sorted(excluded.items())) or "none"
-            )
-            raise precondition(f"no actor is eligible for version {v} (actors: {reasons})")
-        taus = {aid: views[aid].tau for aid in eligible}
-        shares = scheduling.allocate(request.batch_size, taus)
-        deadline = (
-            request.commit_deadline if request.HasField("commit_deadline") else codec.ts_ms(now + 60_000)
-        )
-        plan = lp.StepPlan(
-            step=step,
-            version=v,
-            version_hash=version.hash,
+        planned = await self.planner.plan(
+            step=request.step,
+            version=request.version,
             batch_size=request.batch_size,
-            total_tau=sum(taus.values()),
-            planned_at=codec.ts_ms(now),
-            commit_deadline=deadline,
+            commit_deadline=request.commit_deadline if request.HasField("commit_deadline") else None,
         )
-        updates: dict[str, TauUpdate] = {}
-        commands: list[Command] = []
-
-        def commit(aid: str) -> str:
-            order_id = f"commit-s{step}-v{v}-{aid}"
-            order = common_pb2.CommitOrder(
-                order_id=order_id,
-                version=v,
-                hash=version.hash,
-                base_version=v - 1,
-                step=step,
-                actor_ids=[aid],
-                issued_at=codec.ts_ms(now),
-                deadline=deadline,
+        if planned.created:
+            log.info(
+                "step planned",
+                extra=log_fields(
+                    step=request.step,
+                    version=request.version,
+                    batch=request.batch_size,
+                    allocations={a.actor_id: a.requests for a in planned.plan.allocations},
+                ),
             )
-            commands.append(Command(aid, (K.SUBSCRIBER_KIND_ACTOR,), True, lp.LedgerCommand(commit=order)))
-            relay = actors[aid].relay_id
-            if relay:  # the relay propagates it too; the same order_id makes the second delivery a no-op
-                commands.append(Command(relay, (K.SUBSCRIBER_KIND_RELAY,), False, lp.LedgerCommand(commit=order)))
-            return order_id
-
-        for aid in scheduling.order(shares, taus):
-            a = actors[aid]
-            needs_commit = eligible[aid]
-            order_id = commit(aid) if needs_commit else ""
-            if shares[aid] > 0:
-                plan.allocations.append(
-                    lp.ActorAllocation(
-                        actor_id=aid,
-                        requests=shares[aid],
-                        tau=a.tau,
-                        active_version=a.weights.active_version,
-                        needs_commit=needs_commit,
-                        commit_order_id=order_id,
-                        committed=not needs_commit,
-                    )
-                )
-                updates[aid] = TauUpdate(a.tau, 0)
-            else:
-                # Eligible but its share rounded to zero: no decay (it was not left out for its state).
-                plan.excluded.append(
-                    lp.ExcludedActor(
-                        actor_id=aid,
-                        reason=lp.EXCLUSION_REASON_ZERO_SHARE,
-                        active_version=a.weights.active_version,
-                        tau_after=a.tau,
-                    )
-                )
-                updates[aid] = TauUpdate(a.tau, a.excluded_steps + 1)
-        for aid in sorted(excluded):
-            a = actors[aid]
-            tau_after = a.tau * policy["decay"]
-            updates[aid] = TauUpdate(tau_after, a.excluded_steps + 1)
-            plan.excluded.append(
-                lp.ExcludedActor(
-                    actor_id=aid,
-                    reason=excluded[aid],
-                    active_version=a.weights.active_version,
-                    tau_after=tau_after,
-                )
-            )
-            behind = a.weights.loaded and a.weights.active_version < v
-            if views[aid].alive and not views[aid].draining and behind:
-                # A lagging actor is asked to stage v now, so that it is eligible for a later step.
-                commands.append(
-                    Command(
-                        aid,
-                        (K.SUBSCRIBER_KIND_ACTOR,),
-                        False,
-                        lp.LedgerCommand(stage_version=lp.StageVersionCommand(version=version)),
-                    )
-                )
-        plan.all_committed = all(al.committed for al in plan.allocations)
-        broadcast = (K.SUBSCRIBER_KIND_ROUTER, K.SUBSCRIBER_KIND_TRAINER)
-        commands.append(Command("", broadcast, False, lp.LedgerCommand(step_planned=plan)))
-        return plan, updates, commands
-
-    async def _fill_commits(self, plan: lp.StepPlan) -> lp.StepPlan:
-        """Commit state of each allocation: acknowledged, or seen in the actor's reported active version."""
-        needing = [al for al in plan.allocations if al.needs_commit]
-        if needing:
-            orders = await self.redis.hmget(self.k("commit"), [al.commit_order_id for al in needing])
-            pipe = self.redis.pipeline(transaction=False)
-            for al in needing:
-                pipe.hget(self.k("a:" + al.actor_id), "w")
-            weights = await pipe.execute()
-            for al, state, w in zip(needing, orders, weights):
-                ws = common_pb2.ActorWeightState.FromString(w) if w else common_pb2.ActorWeightState()
-                al.committed = state == b"ok" or (ws.loaded and ws.active_version >= plan.version)
-                al.commit_error = "" if al.committed or state is None else state.decode().removeprefix("err:")
-        plan.all_committed = all(al.committed for al in plan.allocations)
-        return plan
+            self.signal.fire()
+        return planned.plan
 
     async def _plan(self, step: int) -> lp.StepPlan:
         if step < 0:
             raise invalid("step must be >= 0")
-        if step == 0:
-            cur = await self.redis.hget(self.k("cur"), "step")
-            if cur is None:
-                raise Abort(grpc.StatusCode.NOT_FOUND, "no step has been planned yet")
-            step = int(cur)
-        blob = await self.redis.get(self.k(f"plan:{step}"))
-        if blob is None:
-            raise Abort(grpc.StatusCode.NOT_FOUND, f"step {step} was never planned")
-        return await self._fill_commits(lp.StepPlan.FromString(blob))
+        return await self.planner.get(step)
 
     @handler
     async def GetStepPlan(self, request: lp.GetStepPlanRequest, context: aio.ServicerContext) -> lp.StepPlan:
@@ -1239,8 +1034,7 @@ class LedgerService(lg.LedgerServicer):
             pol_h, cur, cnt, stats, latest, buf_n, buf_scored, ready_n, reserved, med, ttl, cmd_seq,
             _inflight, pending, open_groups, ready_groups, oldest, holders, active,
         ) = await pipe.execute()  # fmt: skip
-        policy = dict(pol.DEFAULTS)
-        policy.update({k.decode(): float(v) for k, v in pol_h.items() if k != b"blob"})
+        policy = pol.numbers(pol_h)
         cur = codec.hdict(cur)
         batch = int(cur.get("B", 0) or 0)
         status = lp.LedgerStatus(
