@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from pydantic import Field, field_validator
 
+from rollart.runtime import ids
 from rollart.runtime.config import ServiceConfig, StrictModel, receive_limit
-
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/#+=-]{0,199}$")
 
 
 class SandboxDefaults(StrictModel):
@@ -75,8 +73,9 @@ class EnvManagerConfig(ServiceConfig):
     @field_validator("manager_id")
     @classmethod
     def _manager_id(cls, value: str) -> str:
-        if value and not ID_RE.match(value):
-            raise ValueError(f"manager_id must match {ID_RE.pattern}")
+        why = ids.id_problem(value) if value else None
+        if why:
+            raise ValueError(f"manager_id {why}")
         return value
 
     @field_validator("ledger", "llmproxy", "reward")

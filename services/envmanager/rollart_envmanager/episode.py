@@ -27,7 +27,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc import aio
 
-from rollart.runtime import telemetry
+from rollart.runtime import telemetry, timeutil
 from rollart.runtime.telemetry import trajectory_scope
 from rollart.v1 import common_pb2
 from rollart.v1 import ledger_pb2 as lp
@@ -69,9 +69,7 @@ class ExternalAbort(Exception):
 
 
 def now_ts() -> Timestamp:
-    ts = Timestamp()
-    ts.GetCurrentTime()
-    return ts
+    return timeutil.now()
 
 
 def new_trajectory_id() -> str:

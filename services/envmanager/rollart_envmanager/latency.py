@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rollart.runtime import timeutil
+
 KINDS = ("none", "constant", "normal", "lognormal", "uniform", "exponential")
 _ALIASES = {"fixed": "constant", "const": "constant", "gaussian": "normal", "exp": "exponential"}
 _CALL = re.compile(r"^\s*([a-z_]+)\s*(?:\(([^)]*)\))?\s*(?:clip\s*\(([^)]*)\))?\s*$", re.IGNORECASE)
@@ -73,9 +75,7 @@ class LatencySpec:
     def from_proto(cls, msg: Any) -> LatencySpec:
         """From a ``rollart.v1.LatencyDistribution``."""
 
-        def secs(d: Any) -> float:
-            return d.seconds + d.nanos / 1e9
-
+        secs = timeutil.seconds
         names = {0: "none", 1: "none", 2: "constant", 3: "normal", 4: "lognormal", 5: "uniform", 6: "exponential"}
         kind = names.get(int(msg.kind))
         if kind is None:

@@ -34,11 +34,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import grpc
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
 from grpc import aio
 
 from rollart.runtime.telemetry import log_fields
+from rollart.runtime.timeutil import duration as dur
+from rollart.runtime.timeutil import seconds as secs
 from rollart.v1 import common_pb2, envmanager_pb2
 from rollart.v1 import ledger_pb2 as lp
 from rollart.v1 import reward_pb2 as rp
@@ -75,20 +75,6 @@ SETUP_CAUSES = ("env-unavailable",)
 RELEASE_FOR = {"cancelled": lp.RELEASE_REASON_CANCELLED, "aborted": lp.RELEASE_REASON_ABANDONED,
                "shutdown": lp.RELEASE_REASON_SHUTDOWN, "external": lp.RELEASE_REASON_ABANDONED,
                "expired": lp.RELEASE_REASON_ABANDONED}
-
-
-def dur(seconds: float) -> Duration:
-    d = Duration()
-    d.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
-    return d
-
-
-def secs(d: Duration) -> float:
-    return d.seconds + d.nanos / 1e9
-
-
-def ts_secs(t: Timestamp) -> float:
-    return t.seconds + t.nanos / 1e9
 
 
 class LedgerError(Exception):
@@ -410,7 +396,7 @@ class Loop:
         assert lease is not None
         # The lease's time-to-live on the ledger's clock; after a renewal, also what is left of the new expiry
         # on ours (the ledger's TTL adapts and may have shrunk): renew at the earlier of the two.
-        ttl = max(ts_secs(lease.expires_at) - ts_secs(lease.issued_at), 0.3)
+        ttl = max(secs(lease.expires_at) - secs(lease.issued_at), 0.3)
         left = ttl
         while True:
             await asyncio.sleep(max(min(ttl, left) * self.m.cfg.renew_fraction, 0.1))
@@ -428,7 +414,7 @@ class Loop:
             state = resp.lease.state
             if state == lp.LEASE_STATE_ACTIVE:
                 lease.expires_at.CopyFrom(resp.lease.expires_at)
-                left = ts_secs(lease.expires_at) - time.time()
+                left = secs(lease.expires_at) - time.time()
                 continue
             if state == lp.LEASE_STATE_CANCELLED:
                 self.abort_episode("cancelled", f"lease cancelled ({lp.CancelReason.Name(resp.lease.cancel_reason)})")
@@ -608,7 +594,7 @@ class Manager:
     async def submit(self, traj: common_pb2.Trajectory, holder: str, work: list[lp.ActorWork],
                      lease: lp.Lease) -> lp.SubmitResponse:
         """Submit (idempotent), retried while the lease may still be settled in time."""
-        deadline = ts_secs(lease.expires_at) + 1.0
+        deadline = secs(lease.expires_at) + 1.0
         delay = 0.2
         while True:
             try:

@@ -14,15 +14,15 @@ import math
 import os
 import socket
 
-import grpc
 from grpc import aio
 
 from rollart.discovery import Registration
+from rollart.runtime import errors, ids, timeutil
 from rollart.runtime.telemetry import log_fields
 from rollart.v1 import common_pb2, envmanager_pb2, envmanager_pb2_grpc
 from rollart.v1 import resource_manager_pb2 as rm
 
-from .config import ID_RE, EnvManagerConfig
+from .config import EnvManagerConfig
 from .convert import list_environments
 from .envs.base import EnvConfigError, UnknownEnvironment
 from .envs.registry import TaskConfig
@@ -35,20 +35,12 @@ LS = envmanager_pb2.LoopState
 MAX_TEXT = 1 << 20
 
 
-class Invalid(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def invalid(message: str) -> Invalid:
-    return Invalid(grpc.StatusCode.INVALID_ARGUMENT, message)
+def invalid(message: str) -> errors.InvalidArgument:
+    return errors.InvalidArgument("", message)
 
 
 def _duration_ok(name: str, d) -> None:
-    if d.seconds < 0 or d.nanos < 0:
-        raise invalid(f"{name} must not be negative")
+    timeutil.checked_duration(name, d)
 
 
 def _check_sampling(s: common_pb2.SamplingParams) -> None:
@@ -142,53 +134,42 @@ class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
             raise invalid(str(exc)) from None
         ok, why = info.availability()
         if not ok:
-            raise Invalid(grpc.StatusCode.FAILED_PRECONDITION, f"{info.id} cannot run here: {why}")
+            raise errors.FailedPrecondition(f"{info.id} cannot run here: {why}")
         ok, why = availability(backend)
         if not ok:
-            raise Invalid(grpc.StatusCode.FAILED_PRECONDITION, f"the {backend} sandbox backend is unavailable: {why}")
+            raise errors.FailedPrecondition(f"the {backend} sandbox backend is unavailable: {why}")
         return config
-
-    async def _run(self, context: aio.ServicerContext, fn, *args):
-        try:
-            return await fn(*args)
-        except Invalid as exc:
-            await context.abort(exc.code, exc.message)
 
     # -- RPCs ------------------------------------------------------------------------------------------------------
     async def ListEnvironments(self, request, context):
         try:
             return list_environments(request, self.manager.registry)
         except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise invalid(str(exc)) from None
 
     async def StartLoops(self, request: envmanager_pb2.StartLoopsRequest, context) -> envmanager_pb2.LoopGroup:
-        return await self._run(context, self._start_loops, request)
-
-    async def _start_loops(self, request: envmanager_pb2.StartLoopsRequest) -> envmanager_pb2.LoopGroup:
         m = self.manager
-        if not request.group_id or not ID_RE.match(request.group_id):
-            raise invalid(f"group_id is required and must match {ID_RE.pattern}")
+        ids.check_id("group_id", request.group_id)
         if request.count <= 0:
             raise invalid("count must be > 0")
         if request.max_trajectories_per_loop < 0:
             raise invalid("max_trajectories_per_loop must be >= 0 (0: until stopped)")
-        if request.holder_prefix and (not ID_RE.match(request.holder_prefix) or len(request.holder_prefix) > 150):
-            raise invalid(f"holder_prefix must match {ID_RE.pattern} (at most 150 characters)")
+        # Holders are holder_prefix/<index>: room is left for the index within the id rule.
+        ids.check_id("holder_prefix", request.holder_prefix, required=False, max_chars=ids.MAX_ID_CHARS - 50)
         if len(request.lease_tasks) > 100 or any(not t or len(t) > 256 for t in request.lease_tasks):
             raise invalid("lease_tasks: at most 100 non-empty tags of at most 256 characters")
         async with self._start_lock:
             existing = m.groups.get(request.group_id)
             if existing is not None:
                 if existing.key != request.SerializeToString(deterministic=True):
-                    raise Invalid(grpc.StatusCode.FAILED_PRECONDITION,
-                                  f"loop group {request.group_id!r} exists with another spec")
+                    raise errors.FailedPrecondition(f"loop group {request.group_id!r} exists with another spec")
                 return existing.proto()
             config = self._config(request.env)
             if not m.peers.ledger.known:
-                raise Invalid(grpc.StatusCode.FAILED_PRECONDITION,
-                              "no ledger configured (set `ledger` or `resource_manager`): loops take leases from it")
+                raise errors.FailedPrecondition(
+                    "no ledger configured (set `ledger` or `resource_manager`): loops take leases from it")
             if m.active_loops() + request.count > self.cfg.max_loops:
-                raise Invalid(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                raise errors.ResourceExhausted(
                               f"{request.count} more loops exceed max_loops={self.cfg.max_loops} "
                               f"({m.active_loops()} running)")
             group = m.start_group(request, config)
@@ -200,38 +181,35 @@ class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
         for gid in group_ids:
             group = m.groups.get(gid)
             if group is None:
-                raise Invalid(grpc.StatusCode.NOT_FOUND, f"no loop group {gid!r}")
+                raise errors.NotFound(f"no loop group {errors.shorten(gid)}")
             out += group.loops
         by_id = {lo.loop_id: lo for lo in m.loops()}
         for lid in loop_ids:
             if lid not in by_id:
-                raise Invalid(grpc.StatusCode.NOT_FOUND, f"no loop {lid!r}")
+                raise errors.NotFound(f"no loop {errors.shorten(lid)}")
             out.append(by_id[lid])
         return list(dict.fromkeys(out))
 
     async def StopLoops(self, request: envmanager_pb2.StopLoopsRequest, context) -> envmanager_pb2.StopLoopsResponse:
-        async def run() -> envmanager_pb2.StopLoopsResponse:
-            if not request.group_ids and not request.loop_ids:
-                raise invalid("name group_ids or loop_ids to stop")
-            if request.mode not in envmanager_pb2.LoopStopMode.values():
-                raise invalid(f"mode {request.mode} is not a LoopStopMode")
-            loops = self._targets(request.group_ids, request.loop_ids)
-            mode = "abort" if request.mode == envmanager_pb2.LOOP_STOP_MODE_ABORT else "graceful"
-            released = sum(1 for lo in loops if lo.stop(mode))
-            for gid in request.group_ids:
-                self.manager.groups[gid].stop_requested = True
+        if not request.group_ids and not request.loop_ids:
+            raise invalid("name group_ids or loop_ids to stop")
+        if request.mode not in envmanager_pb2.LoopStopMode.values():
+            raise invalid(f"mode {request.mode} is not a LoopStopMode")
+        loops = self._targets(request.group_ids, request.loop_ids)
+        mode = "abort" if request.mode == envmanager_pb2.LOOP_STOP_MODE_ABORT else "graceful"
+        released = sum(1 for lo in loops if lo.stop(mode))
+        for gid in request.group_ids:
+            self.manager.groups[gid].stop_requested = True
+        stopped = all(lo.stopped for lo in loops)
+        if request.wait and not stopped:
+            tasks = [lo.task for lo in loops if lo.task is not None and not lo.task.done()]
+            remaining = context.time_remaining()
+            timeout = None if remaining is None or remaining > 1e8 else max(remaining - 0.2, 0.0)
+            if tasks:
+                await asyncio.wait(tasks, timeout=timeout)
             stopped = all(lo.stopped for lo in loops)
-            if request.wait and not stopped:
-                tasks = [lo.task for lo in loops if lo.task is not None and not lo.task.done()]
-                remaining = context.time_remaining()
-                timeout = None if remaining is None or remaining > 1e8 else max(remaining - 0.2, 0.0)
-                if tasks:
-                    await asyncio.wait(tasks, timeout=timeout)
-                stopped = all(lo.stopped for lo in loops)
-            return envmanager_pb2.StopLoopsResponse(loop_ids=[lo.loop_id for lo in loops], leases_released=released,
-                                                    stopped=stopped)
-
-        return await self._run(context, run)
+        return envmanager_pb2.StopLoopsResponse(loop_ids=[lo.loop_id for lo in loops], leases_released=released,
+                                                stopped=stopped)
 
     async def ListLoopGroups(self, request, context) -> envmanager_pb2.ListLoopGroupsResponse:
         groups = [g for g in self.manager.groups.values()
@@ -241,9 +219,9 @@ class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
 
     async def ListLoops(self, request: envmanager_pb2.ListLoopsRequest, context) -> envmanager_pb2.ListLoopsResponse:
         if any(s not in LS.values() for s in request.states):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "states holds a value that is not a LoopState")
+            raise errors.InvalidArgument("states", "holds a value that is not a LoopState")
         if request.group_id and request.group_id not in self.manager.groups:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no loop group {request.group_id!r}")
+            raise errors.NotFound(f"no loop group {errors.shorten(request.group_id)}")
         states = set(request.states)
         loops = [lo for lo in self.manager.loops()
                  if (not request.group_id or lo.group.group_id == request.group_id)
@@ -256,9 +234,9 @@ class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
     async def AbortTrajectories(self, request: envmanager_pb2.AbortTrajectoriesRequest,
                                 context) -> envmanager_pb2.AbortTrajectoriesResponse:
         if not request.trajectory_ids:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "trajectory_ids is required")
+            raise errors.InvalidArgument("trajectory_ids", "is required")
         if len(request.trajectory_ids) > 10_000 or len(request.reason) > 1000:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "at most 10000 ids and a 1000-character reason")
+            raise errors.InvalidArgument("", "at most 10000 trajectory_ids and a 1000-character reason")
         aborted = []
         reason = request.reason or "aborted through AbortTrajectories"
         for tid in dict.fromkeys(request.trajectory_ids):
@@ -273,17 +251,12 @@ class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
         return envmanager_pb2.AbortTrajectoriesResponse(aborted=aborted)
 
     async def RunEpisode(self, request: envmanager_pb2.RunEpisodeRequest, context) -> envmanager_pb2.RunEpisodeResponse:
-        return await self._run(context, self._run_episode, request)
-
-    async def _run_episode(self, request: envmanager_pb2.RunEpisodeRequest) -> envmanager_pb2.RunEpisodeResponse:
         m = self.manager
         if not request.HasField("env"):
             raise invalid("env is required")
-        tid = request.trajectory_id or new_trajectory_id()
-        if not ID_RE.match(tid):
-            raise invalid(f"trajectory_id must match {ID_RE.pattern}")
+        tid = ids.check_id("trajectory_id", request.trajectory_id or new_trajectory_id())
         if tid in m.oneoff or tid in m.by_trajectory:
-            raise Invalid(grpc.StatusCode.ALREADY_EXISTS, f"trajectory {tid} is in flight")
+            raise errors.AlreadyExists(f"trajectory {tid} is in flight")
         if len(request.prompt_text) > MAX_TEXT:
             raise invalid("prompt_text is too long")
         config = self._config(request.env)

@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
+from rollart.runtime import timeutil
+
 from .errors import FailureCause, SandboxFailure
 
 # Backend names, as used in configuration (the proto's SANDBOX_BACKEND_<NAME> lower-cased).
@@ -66,9 +68,7 @@ class SandboxLimits:
         """From a ``rollart.v1.SandboxSpec``; unset (zero) fields keep ``base``'s values."""
         base = base or cls()
 
-        def secs(d: Any) -> float:
-            return d.seconds + d.nanos / 1e9
-
+        secs = timeutil.seconds
         limits = base.with_overrides(
             time_budget_s=secs(spec.time_budget) if spec.HasField("time_budget") else None,
             step_timeout_s=secs(spec.step_timeout) if spec.HasField("step_timeout") else None,
