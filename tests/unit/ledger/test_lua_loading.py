@@ -102,3 +102,19 @@ def test_a_wheel_ships_every_lua_file(tmp_path):
     [wheel] = tmp_path.glob("rollart_ledger-*.whl")
     shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".lua")}
     assert shipped == {f"rollart_ledger/lua/{name}.lua" for name in lua_files()}
+
+
+@pytest.mark.skipif(shutil.which("luacheck") is None, reason="luacheck is not installed (Debian: apt-get install lua-check)")
+def test_luacheck_finds_nothing_in_any_assembled_script(tmp_path):
+    """Static lint of each script as Redis runs it (prelude + body): no globals, no unused locals of its own, no
+    shadowing. The prelude's helpers that a given script does not call are the only unused names allowed."""
+    prelude = (LUA / f"{PRELUDE}.lua").read_text()
+    shared = set(re.findall(r"^local function (\w+)", prelude, re.M))
+    for names in re.findall(r"^local ([\w, ]+?) =", prelude, re.M):
+        shared |= {n.strip() for n in names.split(",")}
+    for name in SCRIPT_NAMES:
+        (tmp_path / f"{name}.lua").write_text(source(name))
+    argv = ["luacheck", "--std", "lua51", "--globals", "redis", "KEYS", "ARGV", "--no-max-line-length", "--no-color",
+            "--codes", "--ignore", *[f"211/{n}" for n in sorted(shared)], "--", *sorted(str(p) for p in tmp_path.glob("*.lua"))]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout[-4000:]
