@@ -44,7 +44,15 @@ def make_delta(mb: float, version: int, seed: int = 0, segment_kb: int = 512) ->
     density = 0.10
     bytes_per_tensor = per_tensor * density * 3.1  # ~1.1 index bytes + 2 value bytes per entry
     n_tensors = max(1, round(mb * 1e6 / bytes_per_tensor))
-    w = DeltaWriter(job=JOB, version=version, base_version=version - 1, key=KEY, max_segment_bytes=segment_kb * 1024)
+    # format 1 (raw streams): the transfer is sized by the bytes above, which format 2 would compress
+    w = DeltaWriter(
+        job=JOB,
+        version=version,
+        base_version=version - 1,
+        key=KEY,
+        max_segment_bytes=segment_kb * 1024,
+        format_version=1,
+    )
     out: list[bytes] = []
     for t in range(n_tensors):
         idx = np.flatnonzero(rng.random(per_tensor) < density)

@@ -14,7 +14,6 @@ Only ``job`` matters to the trainer; everything here is torch-free (the CLI and 
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +25,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
+from rollart.delta.identity import weights_digest  # h(v0): weights no delta produced (re-exported)
 from rollart.v1 import envmanager_pb2, trainer_pb2
 
 
@@ -148,18 +148,6 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
     if "job" not in data:
         raise SpecError(f"{p}: the job section is required")
     return data
-
-
-def weights_digest(arrays: Mapping[str, np.ndarray], dtypes: Mapping[str, str]) -> bytes:
-    """h(v) of a full set of weights that no delta produced (the initial version 0): SHA-256 over every
-    tensor in name order (name, dtype, shape, raw bytes). The trainer's bf16 export of a checkpoint and the
-    checkpoint file itself give the same digest, so actors that load the file can report it."""
-    h = hashlib.sha256(b"rollart-weights/1\0")
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}\0{dtypes[name]}\0{','.join(map(str, a.shape))}\0".encode())
-        h.update(memoryview(a).cast("B"))
-    return h.digest()
 
 
 def model_dir_digest(path: str | Path) -> bytes:

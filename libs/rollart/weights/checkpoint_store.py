@@ -2,7 +2,10 @@
 
 Layout (the same under a directory and under an S3 prefix), one folder per version::
 
-    <root>/v000000000042/model.safetensors   the weights (rollart.delta.save_safetensors format)
+    <root>/v000000000042/model.safetensors   the weights (rollart.delta.save_safetensors format); its
+                                             metadata records rollart.version, and rollart.job and
+                                             rollart.hash (the identity h(v) a format-2 delta names as its
+                                             base) when the WeightSet carries them, as the publisher's do
     <root>/v000000000042/manifest.json       written LAST: version, SHA-256 of the file, sizes, created_at
 
 A version exists if and only if its manifest exists. The file is written first (temporary name, fsync,

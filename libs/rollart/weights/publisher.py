@@ -32,8 +32,9 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from rollart.delta import DeltaEncoder, WeightSet
+from rollart.delta import DeltaEncoder, WeightSet, weights_digest
 from rollart.delta import segment as sg
+from rollart.delta.safetensors_io import JOB_KEY
 from rollart.runtime import errors
 from rollart.runtime.auth import TokenAuthInterceptor
 from rollart.runtime.client import channel as make_channel
@@ -64,6 +65,7 @@ class PublishResult:
     version: int
     base_version: int | None
     hash: bytes | None  # h(v) of D_v (None when only a checkpoint was written)
+    weights_hash: bytes | None = None  # identity of version v: h(v) of D_v, or the weights digest of a first version
     delta_bytes: int = 0
     segments: int = 0
     entries: int = 0
@@ -105,6 +107,7 @@ class Publisher:
         reconnect_timeout: float = 10.0,
         relay_timeout: float | None = 600.0,
         relay_data_endpoints: dict[str, str] | None = None,
+        format_version: int = sg.FORMAT_VERSION,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError("checkpoint_every must be >= 1")
@@ -123,6 +126,7 @@ class Publisher:
             buckets = BucketPublisher(buckets, job, bucket_bytes=bucket_bytes)
         self.buckets = buckets  # a buckets.BucketPublisher (or anything with publish(version, weights))
         self.max_segment_bytes = max_segment_bytes
+        self.format_version = format_version  # of the deltas; segments are opaque to hubs and relays
         self.data_listen = data_listen
         self.grpc_listen = grpc_listen
         self.relay_timeout = relay_timeout
@@ -158,6 +162,11 @@ class Publisher:
             if previous.version is None:
                 raise ValueError("previous weights need their version")
             self._prev = previous.copy()
+            if self._prev.applied_hash is None:  # the base of the next delta must know its identity h(v)
+                log.warning(
+                    "previous weights v%d record no hash: taking their digest (a first version)", previous.version
+                )
+                self._prev.applied_hash = await asyncio.to_thread(weights_digest, self._prev.arrays, self._prev.dtypes)
         if self.grpc_listen:
             # Auth first, then the status mapping of what the Relay servicer raises.
             interceptors = [TokenAuthInterceptor(self.token)] if self.token else []
@@ -206,6 +215,10 @@ class Publisher:
             raise ValueError(f"version {version} is not newer than the last published {prev.version}")
         snap = weights.copy()  # the trainer keeps training in place; publish a consistent snapshot
         snap.version = version
+        snap.metadata[JOB_KEY] = self.job  # checkpoints record job, version and hash (rollart.* metadata)
+        if prev is None:
+            # A first version: no delta made it, its identity is its digest (the base hash D_{v+1} names).
+            snap.applied_hash = await asyncio.to_thread(weights_digest, snap.arrays, snap.dtypes)
         result = PublishResult(version, None if prev is None else prev.version, None)
         jobs: list[asyncio.Future] = []
         want_ckpt = self.store is not None and (prev is None or version % self.checkpoint_every == 0)
@@ -216,9 +229,11 @@ class Publisher:
         if jobs:
             # The delta's hash goes into the checkpoint's metadata, so the checkpoint waits for it.
             await asyncio.gather(*jobs)
+        result.weights_hash = snap.applied_hash
         if want_ckpt:
             c0 = time.perf_counter()
-            result.checkpoint = await asyncio.to_thread(self.store.put, version, snap, exist_ok=True)
+            meta = {"job": self.job, "hash": snap.applied_hash.hex() if snap.applied_hash else ""}
+            result.checkpoint = await asyncio.to_thread(self.store.put, version, snap, exist_ok=True, metadata=meta)
             result.checkpoint_seconds = time.perf_counter() - c0
         self._prev = snap
         result.total_seconds = time.perf_counter() - t0
@@ -251,6 +266,8 @@ class Publisher:
                 key=self.key,
                 base_version=prev.version,
                 max_segment_bytes=self.max_segment_bytes,
+                format_version=self.format_version,
+                base_hash=prev.applied_hash,
             )
             item: object = None
             try:

@@ -409,6 +409,16 @@ class WeightSubscriber:
                 "FAILED_PRECONDITION",
                 f"staged D_{v} hashes to {route.hash.hex()[:16]}…, the order names {order.hash.hex()[:16]}…",
             )
+        # Format-2 deltas name the weights they apply to (h(v-1)): check the whole chain before applying any.
+        have = self._active_hash
+        for delta in route.deltas:
+            if delta.base_hash is not None and have is not None and delta.base_hash != have:
+                raise CommitError(
+                    "FAILED_PRECONDITION",
+                    f"BaseMismatchError: D_{delta.version} is based on weights {delta.base_hash.hex()[:16]}…, "
+                    f"the active v{delta.base_version} is {have.hex()[:16]}…",
+                )
+            have = delta.hash
         applied: list[int] = []
         for delta in route.deltas:
             try:

@@ -924,7 +924,9 @@ class JobRunner:
             if self.publisher.version is not None and self.publisher.version >= v:
                 raise JobError("INTERNAL", f"v{v} is not newer than the publisher's v{self.publisher.version}")
             res = await self.publisher.publish(v, ws)
-            h = res.hash if res.hash is not None else await asyncio.to_thread(weights_digest, ws.arrays, ws.dtypes)
+            h = getattr(res, "weights_hash", None) or res.hash
+            if h is None:
+                h = await asyncio.to_thread(weights_digest, ws.arrays, ws.dtypes)
             version = common_pb2.PolicyVersion(
                 version=v,
                 base_version=v - 1 if v > 0 else -1,
@@ -957,6 +959,10 @@ class JobRunner:
         pv.egress_bytes = res.egress_bytes
         pv.published_at.CopyFrom(_ts())
         self.published.append(pv)
+        # Saved with the next training checkpoint: version, h(v) and job go into its metadata, so a restarted
+        # trainer's next delta names the right base.
+        ws.version, ws.applied_hash = v, h
+        ws.metadata["rollart.job"] = self.spec.job_id
         self.published_ws = ws
         self._last_publication = (wall0, time.time())
         assert self.state is not None

@@ -250,7 +250,8 @@ async def test_back_pressure_bounds_what_the_sender_runs_ahead() -> None:
     from rollart.delta import DeltaWriter
 
     n = 12 * 1024 * 1024  # one dense bf16 tensor, every entry changed: ~36 MB of segments
-    w = DeltaWriter(job=JOB, version=1, base_version=0, key=KEY, max_segment_bytes=256 * 1024)
+    # format 1: raw streams, so the bytes on the wire are what the test sizes (format 2 would compress them)
+    w = DeltaWriter(job=JOB, version=1, base_version=0, key=KEY, max_segment_bytes=256 * 1024, format_version=1)
     vals = np.arange(n, dtype=np.uint16)
     delta = [*w.add_tensor("w", "BF16", (n,), np.arange(n, dtype=np.int64), vals), w.trailer()]
     total = sum(map(len, delta))
