@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from rollart.runtime import ids
+from rollart.runtime import ids, ports
 from rollart.runtime.config import ServiceConfig, StrictModel, receive_limit
 
 
@@ -27,7 +27,7 @@ class EnvManagerConfig(ServiceConfig):
     # Largest request accepted, in bytes (8 MiB):
     # RunEpisode carries a prompt and its metadata.
     max_receive_message_bytes: int | None = receive_limit(8)
-    listen: str = "127.0.0.1:50057"
+    listen: str = ports.listen("envmanager")
     # Id of this envmanager: the lease holder prefix of its loops and its WatchCommands subscriber id
     # (default: envmanager-<host>-<pid>). Keep it stable across restarts only if leases should carry over.
     manager_id: str = ""

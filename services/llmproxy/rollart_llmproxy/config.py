@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from rollart.runtime import ports
 from rollart.runtime.config import ServiceConfig, StrictModel, _check_address, receive_limit
 
 
@@ -53,7 +54,7 @@ class LLMProxyConfig(ServiceConfig):
     # Largest request accepted, in bytes (16 MiB):
     # Generate and Tokenize carry a whole conversation.
     max_receive_message_bytes: int | None = receive_limit(16)
-    listen: str = "127.0.0.1:50056"
+    listen: str = ports.listen("llmproxy")
     # OpenAI-compatible HTTP API ("host:port", port 0 picks one); None or "none" turns it off.
     http_listen: str | None = "127.0.0.1:0"
     # Ledger address: the proxy subscribes to its command stream as a ROUTER (step plans -> version window,

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rollart.runtime import ids
+from rollart.runtime import ids, ports
 from rollart.runtime.config import StrictModel, WeightPlaneConfig, _check_address, receive_limit
 
 
@@ -40,7 +40,7 @@ class RelayConfig(WeightPlaneConfig):
     # Largest request accepted, in bytes (16 MiB):
     # PushSegments carries delta segments of up to the trainer's max_segment_bytes (4 MiB by default).
     max_receive_message_bytes: int | None = receive_limit(16)
-    listen: str = "127.0.0.1:50053"
+    listen: str = ports.listen("relay")
     # Striped-transport listener (segments in from the trainer, out to pull-mode subscribers); port 0 picks one.
     data_listen: str = "127.0.0.1:0"
     # Address announced to subscribers and in the ready file (default: the bound data_listen).

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from rollart.runtime import ports
 from rollart.runtime.config import ServiceConfig, receive_limit
 
 
@@ -9,7 +10,7 @@ class ResourceManagerConfig(ServiceConfig):
     # Largest request accepted, in bytes (1 MiB):
     # pools, workers and bindings are small records.
     max_receive_message_bytes: int | None = receive_limit(1)
-    listen: str = "127.0.0.1:50051"
+    listen: str = ports.listen("resource-manager")
     # Redis holding the state (redis://host:port/db or unix:///path?db=0).
     redis_url: str = "redis://127.0.0.1:6379/0"
     # Prefix of every key, so several jobs can share one Redis.

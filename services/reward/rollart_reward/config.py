@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from rollart.runtime import ports
 from rollart.runtime.config import ServiceConfig, StrictModel, receive_limit
 
 KIND_NAMES = ("math", "reasoning_gym", "code", "game", "llm_judge", "custom")
@@ -55,7 +56,7 @@ class RewardConfig(ServiceConfig):
     # Largest request accepted, in bytes (16 MiB):
     # Score carries a whole trajectory (tokens, log-probabilities, text).
     max_receive_message_bytes: int | None = receive_limit(16)
-    listen: str = "127.0.0.1:50058"
+    listen: str = ports.listen("reward")
     pool: PoolConfig = PoolConfig()
     sandbox: SandboxSettings = SandboxSettings()
     # Default time budget per scorer kind, in seconds (a request's timeout overrides it; kinds left out keep

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
+from rollart.runtime import ports
 from rollart.runtime.config import WeightPlaneConfig, _check_address
 
 
 class TrainerConfig(WeightPlaneConfig):
-    listen: str = "127.0.0.1:50054"
+    listen: str = ports.listen("trainer")
     # job_id (WeightPlaneConfig): the job this trainer publishes for; StartJob must name it.
     # Where the running job's spec (for resuming after a restart), default checkpoints and the publisher's
     # delta cache live (default: trainer/ in the local cluster's state directory).

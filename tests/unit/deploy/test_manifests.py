@@ -1,7 +1,9 @@
 """Deployment descriptions: every service has an image target, a compose service and Kubernetes objects.
 
 Parses deploy/docker/Dockerfile, docker-compose.yml and the kustomize base in deploy/k8s and checks them
-against one table of services and ports, so a service added to one place but not the others fails here.
+against one table of services and ports (``rollart.runtime.ports``, which also gives the services' default
+``listen``), so a service added to one place but not the others fails here; the port tables in
+deploy/README.md and docs/architecture.md are checked against it too.
 `docker-compose config` / `docker compose config` and `kubectl kustomize` are run when installed.
 """
 
@@ -20,24 +22,18 @@ from typing import Any
 import pytest
 import yaml
 
+from rollart.runtime import ports
+
 ROOT = Path(__file__).resolve().parents[3]
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
 K8S = ROOT / "deploy" / "k8s"
 
-# service -> gRPC port; console entry point is rollart-<service>, package folder services/<service>.
-SERVICES: dict[str, int] = {
-    "resource-manager": 50051,
-    "ledger": 50052,
-    "trainer": 50053,
-    "relay": 50054,
-    "actor": 50055,
-    "llmproxy": 50056,
-    "envmanager": 50057,
-    "reward": 50058,
-}
-EXTRA_PORTS: dict[str, dict[str, int]] = {"relay": {"data": 50064}, "llmproxy": {"http": 8000}}
-METRICS_PORT = 9100
+# service -> gRPC port (the one table, rollart.runtime.ports); console entry point is rollart-<service>,
+# package folder services/<service>.
+SERVICES: dict[str, int] = ports.GRPC_PORTS
+EXTRA_PORTS: dict[str, dict[str, int]] = ports.EXTRA_PORTS
+METRICS_PORT = ports.METRICS_PORT
 NO_TORCH = ("relay", "resource-manager", "ledger", "llmproxy")
 REDIS_DB = {"resource-manager": 0, "ledger": 1}
 TOKEN_SECRET = "rollart-job-token"
@@ -551,3 +547,98 @@ def test_kustomize_renders() -> None:
             assert dep["metadata"]["namespace"] == namespace
         image = dep["spec"]["template"]["spec"]["containers"][0]["image"]
         assert ":" in image, f"{name} renders an untagged image {image}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# The port table: code defaults, compose's weight plane wiring and the docs agree with rollart.runtime.ports
+
+CONFIG_CLASSES = {
+    "resource-manager": "rollart_resource_manager.config:ResourceManagerConfig",
+    "ledger": "rollart_ledger.config:LedgerConfig",
+    "relay": "rollart_relay.config:RelayConfig",
+    "trainer": "rollart_trainer.config:TrainerConfig",
+    "actor": "rollart_actor.config:ActorConfig",
+    "llmproxy": "rollart_llmproxy.config:LLMProxyConfig",
+    "envmanager": "rollart_envmanager.config:EnvManagerConfig",
+    "reward": "rollart_reward.config:RewardConfig",
+}
+
+
+def test_the_port_table_covers_every_service() -> None:
+    assert set(CONFIG_CLASSES) == set(ports.GRPC_PORTS)
+    assert {p.name for p in (ROOT / "services").iterdir() if (p / "pyproject.toml").is_file()} == set(ports.GRPC_PORTS)
+    numbers = list(ports.GRPC_PORTS.values()) + [n for extra in ports.EXTRA_PORTS.values() for n in extra.values()]
+    numbers += [ports.data_port("trainer"), ports.METRICS_PORT, ports.MOONCAKE_MASTER_PORT]
+    assert len(numbers) == len(set(numbers)), "two services share a default port"
+
+
+@service_param
+def test_config_default_listen_is_the_tables(service: str) -> None:
+    import importlib
+
+    module, _, name = CONFIG_CLASSES[service].partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except ImportError as exc:  # a service not installed in this environment
+        pytest.skip(f"{module}: {exc}")
+    assert cls.model_fields["listen"].default == ports.listen(service)
+
+
+def test_compose_weight_plane_ports() -> None:
+    services = _compose()["services"]
+    relay, trainer = _env(services["relay"]), _env(services["trainer"])
+    relay_data, trainer_data = ports.data_port("relay"), ports.data_port("trainer")
+    assert relay["ROLLART_DATA_LISTEN"] == f"0.0.0.0:{relay_data}"
+    assert relay["ROLLART_DATA_ADVERTISE"] == f"relay:{relay_data}"
+    assert trainer["ROLLART_DATA_LISTEN"] == f"0.0.0.0:{trainer_data}"
+    assert trainer["ROLLART_DATA_ADVERTISE"] == f"trainer:{trainer_data}"
+    assert f"relay:{ports.GRPC_PORTS['relay']}" in trainer["ROLLART_RELAYS"]
+    for name, spec in services.items():
+        env = _env(spec)
+        for key, value in env.items():
+            # Every host:port naming a RollArt service uses that service's port from the table.
+            for host, port in re.findall(r"\b([a-z][a-z-]*):(\d{4,5})\b", str(value)):
+                if host in ports.GRPC_PORTS:
+                    assert int(port) in (ports.GRPC_PORTS[host], *ports.EXTRA_PORTS.get(host, {}).values()) or (
+                        host == "trainer" and int(port) == trainer_data
+                    ), f"compose {name}.{key}={value}: {host} is not on {port}"
+
+
+def _markdown_rows(path: Path, header_cell: str) -> list[list[str]]:
+    """Rows (cells stripped of backquotes) of the first Markdown table whose header has ``header_cell``."""
+    rows: list[list[str]] = []
+    inside = False
+    for line in path.read_text().splitlines():
+        if not line.startswith("|"):
+            if inside:
+                break
+            continue
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if not inside:
+            inside = header_cell in cells
+            continue
+        if set("".join(cells)) <= set("-: "):
+            continue
+        rows.append(cells)
+    return rows
+
+
+def test_deploy_readme_port_table() -> None:
+    rows = _markdown_rows(ROOT / "deploy" / "README.md", "gRPC")
+    table = {r[0]: r for r in rows}
+    assert list(table) == list(ports.GRPC_PORTS), "deploy/README.md lists the services in the table's order"
+    for service, (_, entry, grpc_port, other) in table.items():
+        assert entry == f"rollart-{service}"
+        assert int(grpc_port) == ports.GRPC_PORTS[service]
+        extras = set(ports.EXTRA_PORTS.get(service, {}).values()) | (
+            {ports.data_port("trainer")} if service == "trainer" else set()
+        )
+        assert {int(n) for n in re.findall(r"\b\d{4,5}\b", other)} == extras, f"{service}: {other!r}"
+
+
+def test_architecture_doc_port_table() -> None:
+    rows = _markdown_rows(ROOT / "docs" / "architecture.md", "default port")
+    table = {r[0]: r[3] for r in rows}
+    assert set(table) == set(ports.GRPC_PORTS)
+    for service, cell in table.items():
+        assert int(re.match(r"\d+", cell).group()) == ports.GRPC_PORTS[service], f"docs/architecture.md {service}"
