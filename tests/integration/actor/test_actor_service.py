@@ -471,7 +471,9 @@ def test_weight_update_in_the_middle_of_a_generation_and_prefix_cache_reset(clus
     stub = cluster.stub
     base = load_safetensors(cluster.model / "model.safetensors")
     v1 = perturb(base, layer_projections(base, 1) + layer_projections(base, 2), seed=21)
-    msgs, h1 = delta_segments(base, v1, version=1, base_version=0)
+    named = base.copy()
+    named.applied_hash = H0  # format-2 deltas name their base's identity: the h(v0) this actor was given
+    msgs, h1 = delta_segments(named, v1, version=1, base_version=0)
     staged = stub.StageDelta(iter(msgs), metadata=MD, timeout=60)
     assert staged.accepted == len(msgs) and staged.staged[0].verified and staged.staged[0].hash == h1
     dup = stub.StageDelta(iter(msgs[:3]), metadata=MD, timeout=60)
