@@ -160,6 +160,10 @@ class Internal(ServiceError):
     code = grpc.StatusCode.INTERNAL
 
 
+class Unimplemented(ServiceError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
 _BY_CODE: dict[grpc.StatusCode, type[ServiceError]] = {
     cls.code: cls
     for cls in (
@@ -174,6 +178,7 @@ _BY_CODE: dict[grpc.StatusCode, type[ServiceError]] = {
         Unauthenticated,
         DeadlineExceeded,
         Internal,
+        Unimplemented,
     )
 }
 

@@ -16,10 +16,10 @@ import sys
 import uuid
 from typing import Any
 
-import grpc
 from grpc import aio
 
 from rollart.discovery import Registration
+from rollart.runtime import errors
 from rollart.runtime.config import ConfigError, ServiceConfig, load_config
 from rollart.runtime.server import run_service
 from rollart.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -101,16 +101,18 @@ class WorkerHost(worker_pb2_grpc.ClusterWorkerServicer):
             result = await invoke_method(
                 self.obj, self.exported, request.method, request.args_json, request.kwargs_json
             )
+        except errors.ServiceError:
+            raise  # the worker chose its status (e.g. errors.NotFound)
         except LookupError as exc:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, str(exc))
+            raise errors.Unimplemented(str(exc)) from None
         except (json.JSONDecodeError, TypeError) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad arguments for {request.method}: {exc}")
+            raise errors.InvalidArgument("", f"bad arguments for {request.method}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - the worker's own failure, reported to the caller
-            await context.abort(grpc.StatusCode.INTERNAL, f"{request.method} raised {type(exc).__name__}: {exc}")
+            raise errors.Internal(f"{request.method} raised {type(exc).__name__}: {exc}") from None
         try:
             return worker_pb2.InvokeResponse(result_json=json.dumps(result))
         except TypeError as exc:
-            await context.abort(grpc.StatusCode.INTERNAL, f"{request.method} returned a non-JSON value: {exc}")
+            raise errors.Internal(f"{request.method} returned a non-JSON value: {exc}") from None
 
     async def Describe(self, request, context) -> worker_pb2.DescribeResponse:
         return worker_pb2.DescribeResponse(
