@@ -153,3 +153,17 @@ def turn_versions(trajectory: common_pb2.Trajectory) -> tuple[set[int], str | No
                 return versions, f"trajectory.turns[{i}].action_versions has a negative version"
             versions |= vs
     return versions, None
+
+
+FATES = ("trained", "evicted", "cancelled", "rejected", "failed")
+
+
+def accounting(stats: dict[str, int]) -> common_pb2.GenerationAccounting:
+    """The generation accounting from the ledger's ``stats`` hash (fields ``gen:<fate>:n`` and ``gen:<fate>:t``)."""
+    out = common_pb2.GenerationAccounting()
+    for fate in FATES:
+        getattr(out, fate).samples = int(stats.get(f"gen:{fate}:n", 0))
+        getattr(out, fate).tokens = int(stats.get(f"gen:{fate}:t", 0))
+    generated = sum(getattr(out, f).tokens for f in FATES)
+    out.wasted_token_fraction = (generated - out.trained.tokens) / generated if generated > 0 else 0.0
+    return out

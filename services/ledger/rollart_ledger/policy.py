@@ -14,6 +14,7 @@ from .config import JOB_RE
 
 BOUNDED = common_pb2.ADMISSION_POLICY_BOUNDED
 STRICT = common_pb2.ADMISSION_POLICY_STRICT
+AT_START = common_pb2.ADMISSION_POLICY_AT_START
 
 # Defaults, in the units the scripts use (ms for durations). The single source for Python and Lua.
 DEFAULTS: dict[str, float] = {
@@ -72,7 +73,7 @@ def fill(policy: lp.JobPolicy, job_id: str) -> lp.JobPolicy:
     if not JOB_RE.match(p.job_id or job_id or ""):
         raise PolicyError(f"policy.job_id must match {JOB_RE.pattern}, got {p.job_id!r}")
     p.job_id = p.job_id or job_id
-    if p.admission not in (0, STRICT, BOUNDED):
+    if p.admission not in (0, STRICT, BOUNDED, AT_START):
         raise PolicyError(f"policy.admission {p.admission} is not an AdmissionPolicy")
     if not 0 <= p.alpha <= MAX_ALPHA:
         raise PolicyError(f"policy.alpha must be within [0, {MAX_ALPHA}], got {p.alpha}")
@@ -153,11 +154,22 @@ def fields(p: lp.JobPolicy) -> dict[str, float]:
     }
 
 
-def derived_capacity(pol: dict[str, float], holders: int, batch: int, group: int) -> int:
-    """Buffer capacity in samples: the policy's, or (alpha + 1) * max(E, B, G) -- O(alpha * E)."""
+def derived_capacity(
+    pol: dict[str, float], holders: int, batch: int, group: int, *, ahead: int | None = None
+) -> int:
+    """The most samples started groups not yet in a batch may hold (acquire.lua's back-pressure): the policy's
+    capacity; with the derived one (0), AT_START: (alpha + 1) * max(B, G); before any plan (``ahead`` None):
+    (alpha + 1) * max(E, B, G); planned: the batches whose floor admits work on the planned version, alpha + 1
+    - ``ahead`` of them (``ahead``: how many batches were formed for the planned step and after), times
+    max(B, G)."""
     if pol["cap"] > 0:
         return int(pol["cap"])
-    return int((pol["alpha"] + 1) * max(holders, batch, group))
+    alpha = pol["alpha"]
+    if int(pol["adm"]) == AT_START:
+        return int((alpha + 1) * max(batch or holders, group))
+    if ahead is None:
+        return int((alpha + 1) * max(holders, batch, group))
+    return int(max(alpha + 1 - ahead, 0) * max(batch, group))
 
 
 def numbers(stored: Mapping[bytes | str, bytes | str]) -> dict[str, float]:

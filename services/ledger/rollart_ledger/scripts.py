@@ -202,6 +202,7 @@ class BatchRecord:
     group_ids: list[str]
     created_ms: int
     partial: bool
+    evicted_tokens: int = 0  # generated tokens of the evicted samples
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,7 @@ class BatchAttempt:
     batch: BatchRecord | None
     evicted_now: int = 0
     ready_samples: int = 0
+    evicted_tokens_now: int = 0
 
 
 @dataclass(frozen=True)
@@ -398,8 +400,12 @@ class LedgerScripts:
     async def renew(self, *, lease_id: str, holder: str) -> lp.Lease:
         return codec.lease_from_row(await self._run("renew", [lease_id, holder]))
 
-    async def release(self, *, lease_id: str, holder: str, reason: int) -> Released:
-        changed, row = await self._run("release", [lease_id, holder, reason])
+    async def release(
+        self, *, lease_id: str, holder: str, reason: int, generated_tokens: int | None = None
+    ) -> Released:
+        """``generated_tokens``: the holder's report of the work abandoned with the lease (None: no report)."""
+        tokens = "" if generated_tokens is None else str(int(generated_tokens))
+        changed, row = await self._run("release", [lease_id, holder, reason, tokens])
         return Released(bool(changed), codec.lease_from_row(row))
 
     async def cancel(self, *, reason: int, lease_ids: Sequence[str], group_ids: Sequence[str]) -> list[str]:
@@ -424,9 +430,11 @@ class LedgerScripts:
         tau_window_ms: int,
         version_hashes: Mapping[int, bytes],
         work: Sequence[WorkReport],
+        generated_tokens: int = 0,
     ) -> Verdict:
         """Settles one result. ``token_versions`` is (oldest, newest) version of the action tokens, None when
-        the trajectory has no tokens; ``version_hashes`` maps every reported version to its hash."""
+        the trajectory has no tokens; ``version_hashes`` maps every reported version to its hash;
+        ``generated_tokens`` (its action tokens) goes into the generation accounting with its fate."""
         lo, hi = token_versions if token_versions is not None else (0, 0)
         args: list[Any] = [
             lease_id,
@@ -448,6 +456,7 @@ class LedgerScripts:
         args.append(len(work))
         for w in work:
             args += [w.actor_id, w.tokens, w.generation_ms]
+        args.append(int(generated_tokens))
         adm, reason, detail, dup, gc, gadm, awaiting, row = await self._run("submit", args)
         return Verdict(
             admitted=bool(adm),
@@ -467,16 +476,34 @@ class LedgerScripts:
         return RewardRecorded(bool(recorded), float(value), bool(unknown), bool(ready))
 
     async def get_batch(
-        self, *, step: int, batch_size: int, floor: int | None, partial: bool, evicted_before: int
+        self,
+        *,
+        step: int,
+        batch_size: int,
+        floor: int | None,
+        partial: bool,
+        evicted_before: int,
+        evicted_tokens_before: int = 0,
     ) -> BatchAttempt:
-        """One attempt: evict below ``floor`` (None: no eviction), then form the step's batch if ready (or,
-        with ``partial``, whatever is ready). ``evicted_before`` is added to the batch's eviction count."""
+        """One attempt: evict below ``floor`` (None: no eviction; none under AT_START either), then form the
+        step's batch if ready (or, with ``partial``, whatever is ready). ``evicted_before`` (and their
+        ``evicted_tokens_before``) are added to the batch's eviction counts."""
         out = await self._run(
-            "get_batch", [step, batch_size, "" if floor is None else str(floor), _flag(partial), evicted_before]
+            "get_batch",
+            [
+                step,
+                batch_size,
+                "" if floor is None else str(floor),
+                _flag(partial),
+                evicted_before,
+                evicted_tokens_before,
+            ],
         )
         if int(out[0]) != 1:
-            return BatchAttempt(None, evicted_now=int(out[1]), ready_samples=int(out[2]))
-        _, batch_id, n, minv, maxv, ev, groups, created, part = out
+            return BatchAttempt(
+                None, evicted_now=int(out[1]), ready_samples=int(out[2]), evicted_tokens_now=int(out[3])
+            )
+        _, batch_id, n, minv, maxv, ev, groups, created, part, evk = out
         return BatchAttempt(
             BatchRecord(
                 batch_id=_text(batch_id),
@@ -487,6 +514,7 @@ class LedgerScripts:
                 group_ids=[g for g in _text(groups).split(",") if g],
                 created_ms=int(created),
                 partial=bool(int(part)),
+                evicted_tokens=int(evk),
             )
         )
 

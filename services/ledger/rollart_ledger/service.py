@@ -682,8 +682,13 @@ class LedgerService(lg.LedgerServicer):
         self._lease_args(request.lease_id, request.holder)
         if request.reason not in lp.ReleaseReason.values():
             raise invalid(f"reason {request.reason} is not a ReleaseReason")
+        if request.generated_tokens < 0:
+            raise invalid("generated_tokens must be >= 0")
         released = await self.scripts.release(
-            lease_id=request.lease_id, holder=request.holder, reason=request.reason or lp.RELEASE_REASON_ABANDONED
+            lease_id=request.lease_id,
+            holder=request.holder,
+            reason=request.reason or lp.RELEASE_REASON_ABANDONED,
+            generated_tokens=request.generated_tokens,
         )
         if released.changed:
             self.signal.fire()
@@ -853,6 +858,7 @@ class LedgerService(lg.LedgerServicer):
             tau_window_ms=int(self.cfg.tau_window_seconds * 1000),
             version_hashes=dict(t.version_hashes),
             work=work,
+            generated_tokens=sum(len(turn.action_token_ids) for turn in t.turns),
         )
         resp = lp.SubmitResponse(
             admitted=verdict.admitted,
@@ -910,7 +916,7 @@ class LedgerService(lg.LedgerServicer):
         wait = self._bounded_wait(_check_duration("wait", request.wait), context)
         started = time.monotonic()
         deadline = started + wait
-        evicted = 0
+        evicted = evicted_tokens = 0
         while True:
             event = self.signal.current()
             current = request.current_version
@@ -922,11 +928,17 @@ class LedgerService(lg.LedgerServicer):
             remaining = deadline - time.monotonic()
             partial = request.allow_partial and remaining <= 0
             attempt = await self.scripts.get_batch(
-                step=request.step, batch_size=request.batch_size, floor=floor, partial=partial, evicted_before=evicted
+                step=request.step,
+                batch_size=request.batch_size,
+                floor=floor,
+                partial=partial,
+                evicted_before=evicted,
+                evicted_tokens_before=evicted_tokens,
             )
             if attempt.batch is not None:
                 return await self._batch(request.step, attempt.batch, time.monotonic() - started)
             evicted += attempt.evicted_now
+            evicted_tokens += attempt.evicted_tokens_now
             if attempt.evicted_now:
                 self.signal.fire()
             if remaining <= 0:
@@ -934,8 +946,10 @@ class LedgerService(lg.LedgerServicer):
                     return lp.Batch(
                         step=request.step,
                         evicted=evicted,
+                        evicted_tokens=evicted_tokens,
                         partial=True,
                         waited=codec.dur_ms((time.monotonic() - started) * 1000),
+                        accounting=await self._accounting(),
                     )
                 raise Abort(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -966,8 +980,10 @@ class LedgerService(lg.LedgerServicer):
             min_version=record.min_version,
             max_version=record.max_version,
             evicted=record.evicted,
+            evicted_tokens=record.evicted_tokens,
             waited=codec.dur_ms(waited * 1000),
             partial=record.partial,
+            accounting=await self._accounting(),
         )
         for gid, h, group in zip(gids, ghs, tids):
             trajectories = []
@@ -986,6 +1002,10 @@ class LedgerService(lg.LedgerServicer):
                 )
             )
         return batch
+
+    async def _accounting(self) -> common_pb2.GenerationAccounting:
+        stats = await self.redis.hgetall(self.k("stats"))
+        return codec.accounting({k.decode(): int(v) for k, v in stats.items()})
 
     @handler
     async def AckBatch(
@@ -1030,9 +1050,11 @@ class LedgerService(lg.LedgerServicer):
         pipe.zrange(self.k("buf:byver"), 0, 0, withscores=True)
         pipe.zcount(self.k("holders"), now - 60_000, "+inf")
         pipe.zcard(self.k("active"))
+        pipe.zrevrange(self.k("batches"), 0, 0, withscores=True)
+        pipe.get(self.k("bsz"))
         (
             pol_h, cur, cnt, stats, latest, buf_n, buf_scored, ready_n, reserved, med, ttl, cmd_seq,
-            _inflight, pending, open_groups, ready_groups, oldest, holders, active,
+            _inflight, pending, open_groups, ready_groups, oldest, holders, active, last_batch, bsz,
         ) = await pipe.execute()  # fmt: skip
         policy = pol.numbers(pol_h)
         cur = codec.hdict(cur)
@@ -1075,12 +1097,21 @@ class LedgerService(lg.LedgerServicer):
                 scored_samples=int(buf_scored or 0),
                 ready_groups=ready_groups,
                 ready_samples=int(ready_n or 0),
-                capacity=pol.derived_capacity(policy, max(holders, active), batch, int(policy["G"])),
+                capacity=pol.derived_capacity(
+                    policy,
+                    max(holders, active),
+                    batch or int(bsz or 0),
+                    int(policy["G"]),
+                    ahead=max(0, (int(last_batch[0][1]) if last_batch else -1) - int(cur.get("step", 0) or 0) + 1)
+                    if "v" in cur
+                    else None,
+                ),
                 evicted_total=s.get("evicted", 0),
                 oldest_version=int(oldest[0][1]) if oldest else -1,
                 reserved_samples=int(reserved or 0),
             )
         )
+        status.accounting.CopyFrom(codec.accounting(s))
         status.settlement.CopyFrom(
             lp.SettlementStats(
                 admitted=s.get("admitted", 0),

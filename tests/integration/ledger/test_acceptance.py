@@ -188,29 +188,30 @@ def test_failed_scoring_reissues_the_sample(ledger):
     assert again.attempt == 2 and submit(s, md, again).admitted
 
 
-def test_stale_samples_evicted_before_a_batch_and_partial_batches(ledger):
+def test_stale_samples_evicted_at_the_plan_or_before_a_batch_and_partial_batches(ledger):
     s, md = ledger.stub, ledger.md
     policy(s, md, alpha=0)
     setup_versions(s, md, 2, plan_version=0)
     prompts(s, md, 1, group_size=2, prefix="old")
     for le in acquire(s, md, "env/a", 2):
         assert submit(s, md, le).admitted
+    # Planning v1 evicts what no later batch can take (started below the floor 1) and re-pools it at once.
     plan(s, md, 2, 1)
+    st = status(s, md)
+    assert (st.buffer.evicted_total, st.buffer.samples, st.leases.pending) == (2, 0, 2)
     prompts(s, md, 1, group_size=2, prefix="new")
+    # The evicted group's samples are leased again first (a started group), at the current version.
+    again = acquire(s, md, "env/a", 2)
+    assert [le.prompt.prompt_id for le in again] == ["old0", "old0"] and {le.version for le in again} == {1}
     fresh = acquire(s, md, "env/a", 2)
     assert [le.prompt.prompt_id for le in fresh] == ["new0", "new0"] and {le.version for le in fresh} == {1}
     for le in fresh:
         assert submit(s, md, le).admitted
-    st = status(s, md).buffer
-    assert (st.samples, st.ready_groups, st.oldest_version) == (4, 2, 0)
     batch = s.GetBatch(lp.GetBatchRequest(step=2, batch_size=2, wait=dur(1)), metadata=md)
-    assert batch.evicted == 2 and [g.prompt_id for g in batch.groups] == ["new0"]
+    assert batch.evicted == 0 and [g.prompt_id for g in batch.groups] == ["new0"]
     assert (batch.min_version, batch.max_version) == (1, 1)
     st = status(s, md)
-    assert st.buffer.evicted_total == 2 and st.buffer.reserved_samples == 2 and st.leases.pending == 2
-    # The evicted group's samples are leased again, at the current version.
-    again = acquire(s, md, "env/a", 2)
-    assert [le.prompt.prompt_id for le in again] == ["old0", "old0"] and {le.version for le in again} == {1}
+    assert st.buffer.evicted_total == 2 and st.buffer.reserved_samples == 2 and st.leases.active == 2
     # Not enough samples: DEADLINE_EXCEEDED after the wait, or a partial batch when allowed.
     t0 = time.monotonic()
     try:
@@ -222,6 +223,14 @@ def test_stale_samples_evicted_before_a_batch_and_partial_batches(ledger):
     submit(s, md, again[1])
     part = s.GetBatch(lp.GetBatchRequest(step=3, batch_size=4, wait=dur(0.2), allow_partial=True), metadata=md)
     assert part.partial and part.samples == 2 and part.groups[0].prompt_id == "old0"
+    # GetBatch itself evicts what fell below its own floor (here a current version the plan has not reached).
+    prompts(s, md, 1, group_size=2, prefix="late")
+    for le in acquire(s, md, "env/a", 2):
+        assert submit(s, md, le).admitted
+    late = s.GetBatch(
+        lp.GetBatchRequest(step=4, batch_size=2, current_version=2, wait=dur(0.2), allow_partial=True), metadata=md
+    )
+    assert late.evicted == 2 and late.samples == 0 and late.evicted_tokens == 6
 
 
 def test_buffer_stays_within_alpha_times_e(ledger):

@@ -35,6 +35,7 @@ def test_ledger_status_table_and_json(ledger, tmp_path):
     assert "job job-1" in text and "alpha 1" in text and "current version n 0" in text
     assert "actor-0" in text and "ALIVE" in text and "1234" in text
     assert "pending 1  active 2  settled 1" in text and "admitted 1" in text
+    assert "GENERATED  trained 0 (0 tok)" in text and "wasted 0.0% of 0 tokens" in text
 
     out = run("ledger", "status", "--json", "--address", ledger.address, "--token-file", str(token_file))
     data = json.loads(out.stdout)

@@ -5,7 +5,8 @@
 -- ARGV[2] step, ARGV[3] batch id.
 -- Returns the samples released (0 when acknowledged before).
 -- Errors: NOT_FOUND (no batch for the step), FAILED_PRECONDITION (the step's batch has another id).
--- Invariants: consumed groups end ('K', purged after the retention) and leave P inflight.
+-- Invariants: consumed groups end ('K', purged after the retention); they left P inflight when the batch
+-- was formed (a group reserved before that rule, started = 1, leaves it here); their samples count as trained.
 
 local bk = k('batch:' .. ARGV[2])
 local b = hmap(bk)

@@ -8,8 +8,9 @@
 -- yet) or 'empty'. A lease row is {HGETALL of P l:<lease>, prompt blob, h(v_j)}.
 -- Errors: NOT_FOUND for an unknown group filter.
 -- Invariants: v_j = n (the latest version before any plan); a new group starts only while the samples of
--- started, unconsumed groups fit the buffer capacity (back-pressure), while samples of started groups are
--- always leased; a lease is assigned to the plan's actor with the most quota left, same region first.
+-- started groups not yet in a batch fit the capacity (back-pressure, below), while samples of started groups
+-- are leased first (the group closest to complete first) unless the window is closed; a lease is assigned
+-- to the plan's actor with the most quota left, same region first.
 
 local holder, max, region, gfilter = ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 if gfilter ~= '' and redis.call('EXISTS', k('g:' .. gfilter)) == 0 then
@@ -57,6 +58,51 @@ else
   cands = raw
 end
 
+-- Started groups first, the one closest to complete (admitted + leased samples) first, then pool order: work
+-- finishes the groups a batch is waiting for before it starts new ones.
+local groups = {}
+local order = {}
+for pos, c in ipairs(cands) do
+  local gid = type(c) == 'table' and c[1] or string.match(c, '^(.*)|%d+$')
+  local G = groups[gid]
+  if G == nil and gid ~= nil then G = gload(gid); groups[gid] = G or false end
+  local started, progress = 0, 0
+  if G then
+    if G.started == '1' then started = 1 end
+    progress = G.adm
+    for i = 0, G.n - 1 do
+      if string.sub(G['s' .. i] or 'X', 1, 1) == 'L' then progress = progress + 1 end
+    end
+  end
+  order[pos] = {c, started, progress, pos}
+end
+table.sort(order, function(a, b)
+  if a[2] ~= b[2] then return a[2] > b[2] end
+  if a[3] ~= b[3] then return a[3] > b[3] end
+  return a[4] < b[4]
+end)
+for pos, e in ipairs(order) do cands[pos] = e[1] end
+
+-- Back-pressure with the derived capacity (policy buffer_capacity 0): in-flight work is sized to what the
+-- batches within the staleness window can take. Before any plan: (alpha + 1) * max(E, B, G). Planned: the
+-- batches whose floor (next_floor(n), then one more per batch) admits v_j = n, alpha + 1 - batches_ahead()
+-- of them, times B; none (the window is closed: nothing is leased, not even slots of started groups) between
+-- a batch and the plan of the next version, whose work no batch could take. AT_START: (alpha + 1) * B.
+local window = nil
+if pol('cap') <= 0 then
+  local Bq = B
+  if Bq <= 0 then Bq = tn(redis.call('GET', k('bsz')), 0) end
+  if pol('adm') == AT_START then
+    window = (pol('alpha') + 1) * math.max(Bq > 0 and Bq or E, pol('G'))
+  elseif cur[1] == false then
+    window = (pol('alpha') + 1) * math.max(E, Bq, pol('G'))
+  else
+    local batches = pol('alpha') + 1 - batches_ahead()
+    if batches <= 0 then return finish({'empty'}) end
+    window = batches * math.max(Bq, pol('G'))
+  end
+end
+
 -- assignment to the step plan's actors: largest remaining quota, same region first
 local quota, regions = nil, {}
 local function pick_actor()
@@ -83,22 +129,20 @@ local function pick_actor()
 end
 
 local out = {'ok'}
-local groups = {}
 for _, c in ipairs(cands) do
   if #out > max then break end
   local gid, idx
   if type(c) == 'table' then gid, idx = c[1], c[2] else gid, idx = string.match(c, '^(.*)|(%d+)$') end
   local G = groups[gid]
-  if G == nil then G = gload(gid); groups[gid] = G end
-  if G == nil or G.st ~= 'O' or G['s' .. idx] ~= 'P' then
+  if G == nil then G = gload(gid); groups[gid] = G or false end
+  if not G or G.st ~= 'O' or G['s' .. idx] ~= 'P' then
     redis.call('ZREM', k('pool'), member(gid, idx))
-    if G ~= nil then redis.call('ZREM', k('pool:t:' .. G.task), member(gid, idx)) end
+    if G then redis.call('ZREM', k('pool:t:' .. G.task), member(gid, idx)) end
   else
     local ok = true
     if G.started ~= '1' then
-      -- Back-pressure: a new group starts only while the groups in flight fit the buffer's capacity.
-      local cap = pol('cap')
-      if cap <= 0 then cap = (pol('alpha') + 1) * math.max(E, B, G.G) end
+      -- Back-pressure: a new group starts only while the groups in flight fit the capacity (see above).
+      local cap = window or pol('cap')
       if inflight > 0 and inflight + G.G > cap then
         ok = false
       else

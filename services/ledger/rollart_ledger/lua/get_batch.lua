@@ -3,13 +3,14 @@
 -- clock in ms (logs only; times come from Redis's TIME).
 --
 -- ARGV[2] step, ARGV[3] B, ARGV[4] floor = n - alpha ('' = no eviction), ARGV[5] partial '1'/'0',
--- ARGV[6] samples evicted by earlier attempts of this call.
--- Returns {1, batch id, samples, min v, max v, evicted, groups csv, created ms, partial} when the step has a
--- batch (formed now or before), else {0, evicted now, samples ready}.
+-- ARGV[6] samples and ARGV[7] their generated tokens evicted by earlier attempts of this call.
+-- Returns {1, batch id, samples, min v, max v, evicted, groups csv, created ms, partial, evicted tokens} when
+-- the step has a batch (formed now or before), else {0, evicted now, samples ready, evicted tokens now}.
 -- Errors: FAILED_PRECONDITION when the step's batch was already acknowledged.
 -- Invariants: unreserved samples that started below the floor are evicted (slots re-pooled) before groups
--- are taken; complete, scored groups are taken oldest first until >= B samples and reserved; asking again
--- for the same step returns the same batch until ack_batch.
+-- are taken (not under AT_START); complete, scored groups are taken oldest first until >= B samples and
+-- reserved, and leave P inflight; asking again for the same step returns the same batch until ack_batch.
+-- B is remembered (P bsz) for the back-pressure of acquire.
 
 local step, B = ARGV[2], tonumber(ARGV[3])
 local bk = k('batch:' .. step)
@@ -19,15 +20,12 @@ if b.id ~= nil then
     return redis.error_reply('FAILED_PRECONDITION the batch of step ' .. step .. ' was already acknowledged')
   end
   return {1, b.id, tonumber(b.n), tonumber(b.minv), tonumber(b.maxv), tonumber(b.ev), b.groups,
-    tonumber(b.created), tonumber(b.partial)}
+    tonumber(b.created), tonumber(b.partial), tn(b.evk, 0)}
 end
-local ev = 0
-if ARGV[4] ~= '' then
-  local stale = redis.call('ZRANGEBYSCORE', k('buf:byver'), '-inf', '(' .. ARGV[4], 'LIMIT', 0, 10000)
-  for _, tid in ipairs(stale) do
-    if unadmit(tid, 'E') then ev = ev + 1 end
-  end
-  if ev > 0 then redis.call('HINCRBY', k('stats'), 'evicted', ev) end
+redis.call('SET', k('bsz'), B)  -- the batch size the back-pressure sizes in-flight work by (acquire)
+local ev, evk = 0, 0
+if ARGV[4] ~= '' and pol('adm') ~= AT_START then  -- AReaL: nothing is evicted as stale
+  ev, evk = evict_below(tonumber(ARGV[4]))
 end
 local take, total = {}, 0
 local ready = redis.call('ZRANGE', k('ready'), 0, -1)
@@ -36,13 +34,18 @@ for _, gid in ipairs(ready) do
   take[#take + 1] = gid
   total = total + tonumber(redis.call('HGET', k('g:' .. gid), 'G'))
 end
-if total < B and (ARGV[5] ~= '1' or total == 0) then return finish({0, ev, total}) end
+if total < B and (ARGV[5] ~= '1' or total == 0) then return finish({0, ev, total, evk}) end
 local minv, maxv = nil, nil
 for _, gid in ipairs(take) do
   local G = gload(gid)
   redis.call('ZREM', k('ready'), gid)
   redis.call('DECRBY', k('ready:n'), G.G)
   redis.call('HSET', k('g:' .. gid), 'st', 'B')
+  if G.started == '1' then
+    -- in a batch: no longer in flight, so the back-pressure lets the next version's groups start now
+    redis.call('DECRBY', k('inflight'), G.G)
+    redis.call('HSET', k('g:' .. gid), 'started', 2)
+  end
   for i = 0, G.n - 1 do
     local s = G['s' .. i] or 'X'
     if string.sub(s, 1, 1) == 'D' then
@@ -60,7 +63,8 @@ local id = 'b' .. step .. '-' .. redis.call('INCR', k('batch:seq'))
 local partial = 0
 if total < B then partial = 1 end
 local evt = tonumber(ARGV[6]) + ev
-redis.call('HSET', bk, 'id', id, 'n', total, 'minv', minv, 'maxv', maxv, 'ev', evt,
+local evkt = tn(ARGV[7], 0) + evk
+redis.call('HSET', bk, 'id', id, 'n', total, 'minv', minv, 'maxv', maxv, 'ev', evt, 'evk', int(evkt),
   'groups', table.concat(take, ','), 'created', int(NOW), 'acked', 0, 'partial', partial)
 redis.call('ZADD', k('batches'), step, step)
-return finish({1, id, total, minv, maxv, evt, table.concat(take, ','), NOW, partial})
+return finish({1, id, total, minv, maxv, evt, table.concat(take, ','), NOW, partial, evkt})

@@ -9,7 +9,9 @@
 --   nq, (actor, quota)*          quotas (0 is not written)
 --   nt, (actor, tau, excluded)*  tau and excluded-steps updates
 --   nc, (target, kinds, ack, LedgerCommand blob)*   commands, in order (Commit(v) before StepPlanned)
--- Returns the number of leases cancelled as STALE (v_j < v - alpha); their samples go back to the pool.
+-- Returns the number of leases cancelled as STALE (v_j below the next batch's floor, next_floor(v); none under
+-- AT_START); their samples go back to the pool, and buffered samples below that floor are evicted (counted
+-- in P stats evicted).
 -- Invariants: P pol:next, when present, becomes P pol first, so the step is judged by one policy.
 
 if redis.call('EXISTS', k('pol:next')) == 1 then
@@ -38,14 +40,21 @@ for _ = 1, nc do
   cmd_push(ARGV[i], ARGV[i + 1], ARGV[i + 2], {'c', ARGV[i + 3]})
   i = i + 4
 end
-local floor = v - pol('alpha')
+-- Work that the next batch could not take is stopped now, not at that GetBatch: active leases that started
+-- below its floor are cancelled (STALE) and buffered samples below it evicted, their slots re-pooled to be
+-- leased at v at once (started groups first). The floor is v - alpha, or v + 1 - alpha once the planned
+-- step's batch is formed (asynchronous: that batch is trained while this version's work is generated).
+local floor = next_floor(v)
 local stale = 0
-for _, lid in ipairs(redis.call('ZRANGE', k('active'), 0, -1)) do
-  local L = hmap(k('l:' .. lid))
-  if L.st == tostring(ACTIVE) and tonumber(L.ver) < floor then
-    cancel_lease(lid, L, C_STALE)
-    slot_return(L.gid, L.idx)
-    stale = stale + 1
+if pol('adm') ~= AT_START then  -- AReaL: only the start of a trajectory is bounded
+  for _, lid in ipairs(redis.call('ZRANGE', k('active'), 0, -1)) do
+    local L = hmap(k('l:' .. lid))
+    if L.st == tostring(ACTIVE) and tonumber(L.ver) < floor then
+      cancel_lease(lid, L, C_STALE)
+      slot_return(L.gid, L.idx)
+      stale = stale + 1
+    end
   end
+  evict_below(floor)
 end
 return finish(stale)

@@ -16,7 +16,10 @@
 --   (holder, reason) in the same atomic step, so holders learn of every cancellation;
 -- * counters move with the records they count: P cnt with lease states (lease_close), P buf:* with
 --   P s:<trajectory> (sample_remove), P ready / P ready:n with complete scored groups (ready_update),
---   P inflight with started, unconsumed groups.
+--   P inflight with started groups not yet in a batch;
+-- * the generation accounting (P stats gen:<fate>:n / gen:<fate>:t) moves in the same atomic step as the
+--   fate it counts: a sample leaving the buffer (sample_remove: trained, evicted, failed), a verdict
+--   (submit), a release that reports its tokens (release); each lease's work is counted once (its acct).
 
 local P = KEYS[1]
 -- Redis's clock, not the caller's: timestamps then follow the order in which scripts ran, even when
@@ -49,6 +52,7 @@ end
 -- lease states, rejection and cancel reasons, subscriber kinds (the proto enums' numbers)
 local ACTIVE, SETTLED, REJECTED, EXPIRED, CANCELLED, RELEASED = 1, 2, 3, 4, 5, 6
 local C_COMPLETE, C_MANUAL, C_STALE, C_DROPPED = 1, 2, 3, 4
+local AT_START = 3  -- ADMISSION_POLICY_AT_START (AReaL): staleness bounded when a trajectory starts only
 local HOLDER = 3
 
 local function ttl_now() return tn(redis.call('GET', k('ttl')), pol('ttl0')) end
@@ -161,17 +165,29 @@ local function cancel_lease(lid, L, reason)
   note_cancel(L.holder, reason, lid)
 end
 
+-- ------------------------------------------------------------------------------------------ accounting
+-- What became of generated work (GenerationAccounting): one trajectory and its generated tokens per call.
+local function acct_add(fate, tokens)
+  redis.call('HINCRBY', k('stats'), 'gen:' .. fate .. ':n', 1)
+  redis.call('HINCRBY', k('stats'), 'gen:' .. fate .. ':t', int(tokens))
+end
+local FATE_OF_MARK = {K = 'trained', E = 'evicted', F = 'failed'}
+
 -- ------------------------------------------------------------------------------------------ samples
-local function sample_remove(tid, mark)
+-- Removes a buffered sample (mark: K consumed, E evicted, F failed) and counts its fate (default: the
+-- mark's); returns its generated tokens, or false when it was not in the buffer.
+local function sample_remove(tid, mark, fate)
   local sk = k('s:' .. tid)
-  local r = redis.call('HMGET', sk, 'scd', 'res', 'lease')
+  local r = redis.call('HMGET', sk, 'scd', 'res', 'lease', 'tok')
   if redis.call('DEL', sk) == 0 then return false end
   redis.call('ZREM', k('buf:byver'), tid)
   redis.call('DECR', k('buf:n'))
   if r[1] == '1' then redis.call('DECR', k('buf:scored')) end
   if r[2] == '1' then redis.call('DECR', k('buf:reserved')) end
   redis.call('HSET', k('trj'), tid, mark .. ':' .. (r[3] or ''))
-  return true
+  local tok = tn(r[4], 0)
+  acct_add(fate or FATE_OF_MARK[mark], tok)
+  return tok
 end
 
 local function drop_group(gid, G)
@@ -185,7 +201,7 @@ local function drop_group(gid, G)
       local L = hmap(k('l:' .. lid))
       if L.st == tostring(ACTIVE) then cancel_lease(lid, L, C_DROPPED) end
     elseif c == 'D' then
-      sample_remove(string.sub(s, 3), 'E')
+      sample_remove(string.sub(s, 3), 'E', 'failed')  -- its group failed: wasted, not stale
     end
     slot_set(gid, G, i, 'X')
   end
@@ -247,13 +263,13 @@ local function expire_due(limit)
 end
 
 -- An admitted sample leaves the buffer without being trained on (stale, or scoring failed): its slot is
--- leased again, and a complete group opens again.
+-- leased again, and a complete group opens again. Returns its generated tokens (false: not buffered).
 local function unadmit(tid, mark)
   local S = hmap(k('s:' .. tid))
   if S.gid == nil then return false end
-  sample_remove(tid, mark)
+  local tok = sample_remove(tid, mark)
   local G = gload(S.gid)
-  if G == nil then return true end
+  if G == nil then return tok end
   G.adm = redis.call('HINCRBY', k('g:' .. S.gid), 'adm', -1)
   if S.scd == '1' then G.scd = redis.call('HINCRBY', k('g:' .. S.gid), 'scd', -1) end
   if G.st == 'C' then
@@ -264,8 +280,39 @@ local function unadmit(tid, mark)
   ready_update(S.gid, G)
   slot_set(S.gid, G, S.idx, 'X')
   slot_return(S.gid, S.idx)
-  return true
+  return tok
 end
+
+-- Evicts every unreserved buffered sample that started below ``floor`` (slots re-pooled, groups reopened).
+-- Returns the samples and their generated tokens.
+local function evict_below(floor)
+  local ev, evt = 0, 0
+  local stale = redis.call('ZRANGEBYSCORE', k('buf:byver'), '-inf', '(' .. int(floor), 'LIMIT', 0, 10000)
+  for _, tid in ipairs(stale) do
+    local tok = unadmit(tid, 'E')
+    if tok then
+      ev, evt = ev + 1, evt + tok
+    end
+  end
+  if ev > 0 then redis.call('HINCRBY', k('stats'), 'evicted', ev) end
+  return ev, evt
+end
+
+-- ------------------------------------------------------------------------------------------ the window
+-- How far the batches run ahead of the plan: 0 while the planned step's batch is not formed (the synchronous
+-- trainer plans step s + 1 after training step s), 1 once it is (the asynchronous trainer asks for step s's
+-- batch before it plans step s), 2 when the one after is formed as well.
+local function batches_ahead()
+  local step = tn(redis.call('HGET', k('cur'), 'step'), 0)
+  local last = redis.call('ZREVRANGE', k('batches'), 0, 0, 'WITHSCORES')
+  local formed = -1
+  if #last > 0 then formed = tonumber(last[2]) end
+  return math.max(0, formed - step + 1)
+end
+-- The staleness floor of the next batch the trainer asks for, with n the planned version: each batch asks
+-- with a current version one above the one before (rollart-trainer: step q with q - 1, plans step q on
+-- q - 1), so a sample that started below it can never be trained on.
+local function next_floor(n) return n - pol('alpha') + batches_ahead() end
 
 -- ------------------------------------------------------------------------------------------ actors
 local function tau_observe(ak, obs)

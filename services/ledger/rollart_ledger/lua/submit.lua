@@ -4,7 +4,7 @@
 --
 -- ARGV: 1 now, 2 lease, 3 trajectory, 4 holder, 5 claimed lease version, 6 status ok, 7 has tokens, 8 min
 -- version, 9 max version, 10 scored, 11 reward, 12 trajectory blob, 13 tau window ms, 14 nh, (v, hash)*,
--- nw, (actor, tokens, generation ms)*.
+-- nw, (actor, tokens, generation ms)*, then the trajectory's generated (action) tokens.
 -- Returns {admitted, reason, detail, duplicate, group complete, group admitted, awaiting reward, lease row};
 -- reason is a RejectionReason number (0 when admitted); lease row is false for an unknown lease.
 -- Errors: ALREADY_EXISTS when the trajectory id was submitted for another lease (nothing changes).
@@ -14,6 +14,8 @@
 -- (GROUP_COMPLETE) with their holders told in the same step.
 
 local lid, tid, holder = ARGV[2], ARGV[3], ARGV[4]
+local nh0 = tonumber(ARGV[14])
+local GEN = tn(ARGV[16 + 2 * nh0 + 3 * tonumber(ARGV[15 + 2 * nh0])], 0)  -- generated tokens (accounting)
 local L = hmap(k('l:' .. lid))
 if L.gid == nil then
   redis.call('HINCRBY', k('stats'), 'rej:5', 1)
@@ -76,7 +78,7 @@ else
       if ARGV[7] == '1' then minv, maxv = tonumber(ARGV[8]), tonumber(ARGV[9]) end
       local n = tn(redis.call('HGET', k('cur'), 'v'), nil)
       local floor = nil
-      if n ~= nil then floor = n - pol('alpha') end
+      if n ~= nil and pol('adm') ~= AT_START then floor = n - pol('alpha') end  -- AReaL: no bound at settlement
       if tonumber(ARGV[5]) ~= vj then
         reason, detail = 2, 'lease_version ' .. ARGV[5] .. ' is not the lease version ' .. vj
       elseif pol('adm') == 1 then
@@ -98,6 +100,8 @@ else
         redis.call('HSET', k('l:' .. lid), 'traj', tid)
         local scored = ARGV[10] == '1'
         local sk = k('s:' .. tid)
+        redis.call('HSET', k('l:' .. lid), 'acct', 1)  -- counted when the sample leaves the buffer
+        redis.call('HSET', sk, 'tok', int(GEN))
         redis.call('HSET', sk, 'gid', L.gid, 'idx', L.idx, 'ver', minv, 'lv', vj, 'blob', ARGV[12],
           'rw', ARGV[11], 'scd', scored and 1 or 0, 'res', 0, 'lease', lid)
         redis.call('ZADD', k('buf:byver'), minv, tid)
@@ -169,7 +173,13 @@ else
     end
   end
 end
-if reason ~= 0 then redis.call('HINCRBY', k('stats'), 'rej:' .. reason, 1) end
+if reason ~= 0 then
+  redis.call('HINCRBY', k('stats'), 'rej:' .. reason, 1)
+  -- the lease's work, unless its holder already reported it (a release) or another trajectory did
+  if redis.call('HSETNX', k('l:' .. lid), 'acct', 1) == 1 then
+    acct_add(reason == 9 and 'failed' or 'rejected', GEN)
+  end
+end
 redis.call('HSET', vk, tid, (reason == 0 and 1 or 0) .. '|' .. reason .. '|' .. gc .. '|' .. gadm .. '|' ..
   awaiting .. '|' .. detail)
 return finish({reason == 0 and 1 or 0, reason, detail, 0, gc, gadm, awaiting, lease_row(lid)})
