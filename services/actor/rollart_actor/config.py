@@ -6,16 +6,13 @@ Every key can come from the YAML file (``--config``) or a ``ROLLART_<KEY>`` vari
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from rollart.runtime import ids, ports
 from rollart.runtime.config import StrictModel, WeightPlaneConfig, _check_address, receive_limit
-
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 
 
 class HardwareConfig(StrictModel):
@@ -55,7 +52,7 @@ class ActorConfig(WeightPlaneConfig):
     # StageDelta segments (<= max_segment_bytes) and Generate prompts of a long context.
     max_receive_message_bytes: int | None = receive_limit(16)
     require_job_key = False  # without a key the actor serves and only refuses weight updates
-    listen: str = "127.0.0.1:50055"
+    listen: str = ports.listen("actor")
 
     # ---- model ----
     # Hugging Face checkpoint directory (or a model name the engine can load offline). The actor never builds
@@ -136,15 +133,17 @@ class ActorConfig(WeightPlaneConfig):
     @field_validator("pool")
     @classmethod
     def _pool(cls, value: str) -> str:
-        if not NAME_RE.match(value):
-            raise ValueError(f"pool must match {NAME_RE.pattern}")
+        why = ids.name_problem(value)
+        if why:
+            raise ValueError(f"pool {why}")
         return value
 
     @field_validator("actor_id")
     @classmethod
     def _aid(cls, value: str | None) -> str | None:
-        if value is not None and not ID_RE.match(value):
-            raise ValueError(f"actor_id must match {ID_RE.pattern}")
+        why = None if value is None else ids.id_problem(value)
+        if why:
+            raise ValueError(f"actor_id {why}")
         return value
 
     @field_validator("weight_hash")

@@ -1,27 +1,13 @@
 """Console entry point: ``rollart-actor [--config PATH]``."""
 
-from __future__ import annotations
-
-import argparse
-import sys
-
-from rollart.runtime.config import ConfigError, load_config
-from rollart.runtime.server import run_service
+from rollart.runtime import entry
 
 from .config import ActorConfig
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="rollart-actor", description=__doc__)
-    parser.add_argument("--config", help="YAML config file (also ROLLART_CONFIG); ROLLART_* env vars override")
-    args = parser.parse_args(argv)
-    try:
-        cfg = load_config(ActorConfig, args.config)
-    except ConfigError as exc:
-        sys.exit(f"rollart-actor: {exc}")
-    from .service import ActorService  # after the config is valid: imports grpc stubs, numpy
-
-    run_service(ActorService(cfg), cfg)
+    # The service (grpc stubs, numpy, the engine) is imported once the config is valid.
+    entry.main("rollart-actor", ActorConfig, "rollart_actor.service:ActorService", argv)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,11 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 from grpc import aio
 
 from rollart.discovery import Registration, resource_manager_channel
+from rollart.runtime import errors, ids
 from rollart.runtime.telemetry import log_fields
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2, ledger_pb2
 from rollart.v1 import resource_manager_pb2 as rm
@@ -43,7 +43,7 @@ from .weights import HostWeights, WeightError, WeightManager, _dur, _ts, load_we
 
 log = logging.getLogger(__name__)
 
-MAX_ID_CHARS = 256
+MAX_ID_CHARS = ids.MAX_ID_CHARS
 MAX_STOP_STRINGS = 16
 PAUSE_MODES = {
     actor_pb2.PAUSE_MODE_UNSPECIFIED: KEEP,
@@ -80,16 +80,19 @@ def _invalid(message: str) -> BadRequest:
 
 
 async def _abort(context: aio.ServicerContext, code: str, message: str) -> None:
-    await context.abort(grpc.StatusCode[code], message)
+    """End the call with status ``code`` (a name): raises the ``runtime.errors`` error the server maps."""
+    raise errors.error_for(code, message)
 
 
 def _check_id(name: str, value: str, required: bool) -> None:
+    """The one id rule (``rollart.runtime.ids``)."""
     if not value:
         if required:
             raise _invalid(f"{name} is required")
         return
-    if len(value) > MAX_ID_CHARS or not value.isprintable():
-        raise _invalid(f"{name} must be 1-{MAX_ID_CHARS} printable characters")
+    why = ids.id_problem(value)
+    if why:
+        raise _invalid(f"{name} {why}")
 
 
 def _template_kwargs(raw: dict[str, str]) -> dict[str, Any]:

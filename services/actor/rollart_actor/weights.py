@@ -51,6 +51,8 @@ import numpy as np
 
 from rollart.delta import Delta, ParamMap, WeightSet, apply_delta, load_safetensors, save_safetensors
 from rollart.delta.errors import DeltaError, IncompatibleTargetError
+from rollart.runtime.timeutil import duration as _dur
+from rollart.runtime.timeutil import timestamp as _ts
 from rollart.v1 import actor_pb2, common_pb2
 from rollart.weights.staging import ARTIFACT, Route, StagingError, VersionStaging, delta_error_code
 
@@ -66,22 +68,6 @@ class WeightError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-def _ts(seconds: float) -> Any:
-    from google.protobuf.timestamp_pb2 import Timestamp
-
-    t = Timestamp()
-    t.FromNanoseconds(int(seconds * 1e9))
-    return t
-
-
-def _dur(seconds: float) -> Any:
-    from google.protobuf.duration_pb2 import Duration
-
-    d = Duration()
-    d.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
-    return d
 
 
 # ---------------------------------------------------------------------------------------------------------
