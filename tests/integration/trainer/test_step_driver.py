@@ -206,6 +206,13 @@ async def test_async_job_trains_publishes_and_actor_follows(services, redis_url,
     assert all(p.version.hash == hashes[p.version.version] for p in published)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2, 3, 4]
+    # The generation accounting: every trained sample of a step is in its accounting, totals add up.
+    for x, m in zip(lines, metrics):
+        assert x["accounting"]["trained"]["samples"] == m.samples == m.accounting.trained.samples
+        assert x["accounting_total"]["trained"]["tokens"] >= x["accounting"]["trained"]["tokens"] > 0
+        assert 0.0 <= x["wasted_token_fraction"] <= x["wasted_token_fraction_total"] + 1.0
+        assert x["extra"]["t_train_end"] > x["extra"]["t_train_start"] > x["extra"]["t_batch_ready"]
+    assert lines[-1]["accounting_total"]["trained"]["samples"] == 4 * 8
     # Every trained batch was acknowledged: the ledger holds no reserved samples.
     ch = channel(cluster.ledger, token=TOKEN, default_timeout=10)
     st = await ledger_pb2_grpc.LedgerStub(ch).GetStatus(ledger_pb2.LedgerStatusRequest())

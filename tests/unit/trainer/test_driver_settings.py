@@ -35,6 +35,9 @@ def test_mode_constraints():
     one = Settings.from_spec(spec(mode="one_off", alpha=4, admission="strict"), cfg())
     assert one.alpha == 1 and one.admission == common_pb2.ADMISSION_POLICY_BOUNDED
     assert Settings.from_spec(spec(alpha=4), cfg()).alpha == 4
+    areal = Settings.from_spec(spec(mode="areal", alpha=2, admission="bounded"), cfg())
+    assert areal.mode == trainer_pb2.STEP_MODE_AREAL and areal.alpha == 2
+    assert areal.admission == common_pb2.ADMISSION_POLICY_AT_START  # AReaL: bounded at trajectory start only
     assert Settings.from_spec(spec(batch_timeout=30), cfg()).batch_timeout == 30.0
 
 
