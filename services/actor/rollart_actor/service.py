@@ -32,6 +32,8 @@ from grpc import aio
 from rollart.discovery import Registration, resource_manager_channel
 from rollart.runtime import errors, ids
 from rollart.runtime.telemetry import log_fields
+from rollart.runtime.timeutil import duration as _dur
+from rollart.runtime.timeutil import timestamp as _ts
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2, ledger_pb2
 from rollart.v1 import resource_manager_pb2 as rm
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
@@ -39,7 +41,7 @@ from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 from .config import ActorConfig
 from .engine import ABORT, KEEP, WAIT, ActorEngine, EngineError, Track
 from .ledger_agent import ActorReport, LedgerAgent
-from .weights import HostWeights, WeightError, WeightManager, _dur, _ts, load_weight_files
+from .weights import HostWeights, WeightError, WeightManager
 
 log = logging.getLogger(__name__)
 
@@ -626,50 +628,15 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         if request.pause_mode not in PAUSE_MODES:
             await _abort(context, "INVALID_ARGUMENT", f"unknown pause mode {request.pause_mode}")
         try:
-            ws, source = await asyncio.to_thread(self._open_checkpoint, request.uri, request.version)
-            if request.hash:
-                if ws.applied_hash is None:
-                    raise WeightError("FAILED_PRECONDITION", "the checkpoint records no hash to check against")
-                if ws.applied_hash != request.hash:
-                    raise WeightError(
-                        "DATA_LOSS",
-                        f"the checkpoint's h(v) {ws.applied_hash.hex()[:16]}… is not {request.hash.hex()[:16]}…",
-                    )
-            replay = []
-            if request.replay_to_version:
-                replay = self.manager.replay_chain(request.version, request.replay_to_version)
-            result = await self.manager.load_full(
-                ws,
+            return await self.manager.load_checkpoint(
+                request.uri,
                 request.version,
-                artifact="checkpoint",
-                source_path=source,
-                replay=replay,
+                hash_=request.hash,
+                replay_to=request.replay_to_version,
                 mode=PAUSE_MODES[request.pause_mode],
             )
         except WeightError as exc:
-            if self.manager is not None:
-                self.manager.last_error = str(exc)
             await _abort(context, exc.code, str(exc))
-            return
-        return result
-
-    def _open_checkpoint(self, uri: str, version: int) -> tuple[Any, Path | None]:
-        """A checkpoint store (s3:// or a folder of v<12 digits> folders) at `version`, else safetensors files."""
-        p = Path(uri[len("file://") :] if uri.startswith("file://") else uri)
-        store_like = uri.startswith("s3://") or (p.is_dir() and any(p.glob("v[0-9]*/manifest.json")))
-        if store_like:
-            from rollart.weights.checkpoint_store import CheckpointError, open_store
-
-            try:
-                store = open_store(uri)
-                ws = store.open(version, writable=True)
-                return ws, Path(store.local_path(version, verify=False))
-            except CheckpointError as exc:
-                raise WeightError(getattr(exc, "grpc_status", "FAILED_PRECONDITION"), str(exc)) from None
-        ws, files = load_weight_files(p)
-        if ws.version is not None and ws.version != version:
-            raise WeightError("FAILED_PRECONDITION", f"{uri} holds version {ws.version}, not {version}")
-        return ws, (files[0] if len(files) == 1 else p)
 
     async def PullBuckets(self, request: actor_pb2.PullBucketsRequest, context: aio.ServicerContext):
         assert self.manager is not None
@@ -682,57 +649,17 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             await _abort(context, "FAILED_PRECONDITION", "no Mooncake master (mooncake_master) is configured")
         if request.pause_mode not in PAUSE_MODES:
             await _abort(context, "INVALID_ARGUMENT", f"unknown pause mode {request.pause_mode}")
-        t0 = time.perf_counter()
         try:
-            pulled = await asyncio.to_thread(self._pull, master, request.version)
-            ws = pulled.weights
-            keys = [b.key for b in pulled.manifest.buckets]
-            if request.bucket_keys and sorted(request.bucket_keys) != sorted(keys):
-                raise WeightError("FAILED_PRECONDITION", "the store's bucket keys differ from the requested ones")
-            if request.hash and ws.applied_hash != request.hash:
-                raise WeightError("DATA_LOSS", f"the pulled v{request.version} does not match the requested h(v)")
-            pull_s = time.perf_counter() - t0
-            resp = actor_pb2.PullBucketsResponse(pull_time=_dur(pull_s))
-            if request.apply:
-                resp.applied.CopyFrom(
-                    await self.manager.load_full(
-                        ws, request.version, artifact="buckets", mode=PAUSE_MODES[request.pause_mode]
-                    )
-                )
-            else:
-                resp.staged.CopyFrom(
-                    self.manager.stage_full(
-                        request.version,
-                        ws,
-                        ws.applied_hash or b"",
-                        artifact="buckets",
-                        source="mooncake",
-                        parts=len(keys),
-                        nbytes=pulled.nbytes,
-                    )
-                )
+            return await self.manager.pull_buckets(
+                master,
+                request.version,
+                hash_=request.hash,
+                bucket_keys=list(request.bucket_keys),
+                apply=request.apply,
+                mode=PAUSE_MODES[request.pause_mode],
+            )
         except WeightError as exc:
-            self.manager.last_error = str(exc)
             await _abort(context, exc.code, str(exc))
-            return
-        return resp
-
-    def _pull(self, master: str, version: int) -> Any:
-        from rollart.weights.buckets import BucketError, BucketReader, MooncakeConfig
-
-        reader = BucketReader(MooncakeConfig(master=master), self.cfg.job_id)
-        try:
-            return reader.pull(version)
-        except BucketError as exc:
-            code = "UNAVAILABLE" if type(exc).__name__ == "MooncakeUnavailableError" else "FAILED_PRECONDITION"
-            if type(exc).__name__ == "WeightsIntegrityError":
-                code = "DATA_LOSS"
-            raise WeightError(code, str(exc)) from None
-        except ImportError as exc:
-            raise WeightError("FAILED_PRECONDITION", f"Mooncake is not installed: {exc}") from None
-        finally:
-            with contextlib.suppress(Exception):
-                reader.close()
 
     async def ResetPrefixCache(self, request: actor_pb2.ResetPrefixCacheRequest, context: aio.ServicerContext):
         return actor_pb2.ResetPrefixCacheResponse(reset=await self.engine.reset_prefix_cache())

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -103,6 +104,47 @@ def load_weight_files(path: str | Path) -> tuple[WeightSet, list[Path]]:
         version = ws.version if ws.version is not None else version
         applied = ws.applied_hash or applied
     return WeightSet(arrays, dtypes, version, applied, meta), files
+
+
+def open_checkpoint(uri: str, version: int) -> tuple[WeightSet, Path | None]:
+    """A checkpoint store (s3:// or a folder of v<12 digits> folders) at ``version``, else safetensors files.
+
+    Returns the weights and a path the engine can load them from as they are (None: write them first).
+    """
+    p = Path(uri[len("file://") :] if uri.startswith("file://") else uri)
+    store_like = uri.startswith("s3://") or (p.is_dir() and any(p.glob("v[0-9]*/manifest.json")))
+    if store_like:
+        from rollart.weights.checkpoint_store import CheckpointError, open_store
+
+        try:
+            store = open_store(uri)
+            ws = store.open(version, writable=True)
+            return ws, Path(store.local_path(version, verify=False))
+        except CheckpointError as exc:
+            raise WeightError(getattr(exc, "grpc_status", "FAILED_PRECONDITION"), str(exc)) from None
+    ws, files = load_weight_files(p)
+    if ws.version is not None and ws.version != version:
+        raise WeightError("FAILED_PRECONDITION", f"{uri} holds version {ws.version}, not {version}")
+    return ws, (files[0] if len(files) == 1 else p)
+
+
+def pull_buckets(master: str, job: str, version: int) -> Any:
+    """A version's full weights from the Mooncake store (``rollart.weights.buckets``: every bucket verified)."""
+    from rollart.weights.buckets import BucketError, BucketReader, MooncakeConfig
+
+    reader = BucketReader(MooncakeConfig(master=master), job)
+    try:
+        return reader.pull(version)
+    except BucketError as exc:
+        code = "UNAVAILABLE" if type(exc).__name__ == "MooncakeUnavailableError" else "FAILED_PRECONDITION"
+        if type(exc).__name__ == "WeightsIntegrityError":
+            code = "DATA_LOSS"
+        raise WeightError(code, str(exc)) from None
+    except ImportError as exc:
+        raise WeightError("FAILED_PRECONDITION", f"Mooncake is not installed: {exc}") from None
+    finally:
+        with contextlib.suppress(Exception):
+            reader.close()
 
 
 class HostWeights:
@@ -556,6 +598,68 @@ class WeightManager:
     # -------------------------------------------------------------------------------------- full weights
 
     # -------------------------------------------------------------------------------------- full weights
+
+    async def load_checkpoint(
+        self, uri: str, version: int, *, hash_: bytes = b"", replay_to: int = 0, mode: str = "keep"
+    ) -> actor_pb2.WeightUpdateResult:
+        """LoadCheckpoint: full weights from a store or safetensors (hash-checked when ``hash_`` is given),
+        optionally replaying staged deltas up to ``replay_to``."""
+        try:
+            ws, source = await asyncio.to_thread(open_checkpoint, uri, version)
+            if hash_:
+                if ws.applied_hash is None:
+                    raise WeightError("FAILED_PRECONDITION", "the checkpoint records no hash to check against")
+                if ws.applied_hash != hash_:
+                    raise WeightError(
+                        "DATA_LOSS", f"the checkpoint's h(v) {ws.applied_hash.hex()[:16]}… is not {hash_.hex()[:16]}…"
+                    )
+            replay = self.replay_chain(version, replay_to) if replay_to else []
+            return await self.load_full(
+                ws, version, artifact="checkpoint", source_path=source, replay=replay, mode=mode
+            )
+        except WeightError as exc:
+            self.last_error = str(exc)
+            raise
+
+    async def pull_buckets(
+        self,
+        master: str,
+        version: int,
+        *,
+        hash_: bytes = b"",
+        bucket_keys: list[str] | None = None,
+        apply: bool = False,
+        mode: str = "keep",
+    ) -> actor_pb2.PullBucketsResponse:
+        """PullBuckets: a version's full weights from Mooncake, staged for a later commit or applied now."""
+        t0 = time.perf_counter()
+        try:
+            pulled = await asyncio.to_thread(pull_buckets, master, self.staging.job, version)
+            ws = pulled.weights
+            keys = [b.key for b in pulled.manifest.buckets]
+            if bucket_keys and sorted(bucket_keys) != sorted(keys):
+                raise WeightError("FAILED_PRECONDITION", "the store's bucket keys differ from the requested ones")
+            if hash_ and ws.applied_hash != hash_:
+                raise WeightError("DATA_LOSS", f"the pulled v{version} does not match the requested h(v)")
+            resp = actor_pb2.PullBucketsResponse(pull_time=_dur(time.perf_counter() - t0))
+            if apply:
+                resp.applied.CopyFrom(await self.load_full(ws, version, artifact="buckets", mode=mode))
+            else:
+                resp.staged.CopyFrom(
+                    self.stage_full(
+                        version,
+                        ws,
+                        ws.applied_hash or b"",
+                        artifact="buckets",
+                        source="mooncake",
+                        parts=len(keys),
+                        nbytes=pulled.nbytes,
+                    )
+                )
+            return resp
+        except WeightError as exc:
+            self.last_error = str(exc)
+            raise
 
     async def load_full(
         self,
