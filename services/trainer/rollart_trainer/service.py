@@ -25,6 +25,7 @@ from rollart.runtime import errors
 from rollart.runtime.telemetry import log_fields
 from rollart.v1 import relay_pb2, relay_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
+from . import validators
 from .config import TrainerConfig
 from .driver import JobError, JobRunner
 
@@ -196,6 +197,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
 
     async def StartJob(self, request: T.StartJobRequest, context: aio.ServicerContext) -> T.TrainerJob:
         spec = request.spec
+        validators.check_spec(spec)  # the whole spec, before anything is accepted
         cur = self.runner
         if cur is not None and cur.job.state not in _ENDED:
             if cur.spec.job_id == spec.job_id and cur.spec == spec:

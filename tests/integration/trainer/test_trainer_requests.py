@@ -127,3 +127,69 @@ def test_requests_before_any_job_say_so(trainer):
         (stub.SaveCheckpoint, T.SaveCheckpointRequest()),
     ]:
         assert code_of(fn, req, metadata=MD, timeout=5) == grpc.StatusCode.NOT_FOUND, fn
+
+
+NEVER_RUN = [
+    # (spec changes, the field the error must name)
+    ({"device": "fz-1"}, "spec.device"),
+    ({"backend": 999}, "spec.backend"),
+    ({"backend": "megatron"}, "spec.backend"),
+    ({"mode": 77}, "spec.mode"),
+    ({"admission": -3}, "spec.admission"),
+    ({"grpo": {"learning_rate": float("inf")}}, "spec.grpo.learning_rate"),
+    ({"grpo": {"learning_rate": float("nan")}}, "spec.grpo.learning_rate"),
+    ({"grpo": {"learning_rate": -1e-4}}, "spec.grpo.learning_rate"),
+    ({"grpo": {"clip_eps_low": 1.5}}, "spec.grpo.clip_eps_low"),
+    ({"grpo": {"max_grad_norm": float("nan")}}, "spec.grpo.max_grad_norm"),
+    ({"grpo": {"epochs_per_batch": -2}}, "spec.grpo.epochs_per_batch"),
+    ({"options": {"grpo.temperature": "hot"}}, "spec.grpo"),
+    ({"model": "m" * 1_000_000}, "spec.model"),
+    ({"model": "not a model name"}, "spec.model"),
+    ({"batch_size": 2**31 - 1}, "spec.batch_size"),
+    ({"group_size": 100_000}, "spec.group_size"),
+    ({"redundancy": -1}, "spec.redundancy"),
+    ({"max_steps": 2**63 - 1}, "spec.max_steps"),
+    ({"batch_timeout": {"seconds": 2**63 - 1}}, "spec.batch_timeout"),
+    ({"batch_timeout": {"nanos": -5}}, "spec.batch_timeout"),
+    ({"batch_timeout": {"seconds": 0}}, "spec.batch_timeout"),
+    ({"publish": {"max_segment_bytes": 1 << 30}}, "spec.publish.max_segment_bytes"),
+    ({"publish": {"dtype": "int3"}}, "spec.publish.dtype"),
+    ({"publish": {"streams": 10_000}}, "spec.publish.streams"),
+    ({"publish": {"relay_endpoints": ["no port"]}}, "spec.publish.relay_endpoints[0]"),
+    ({"sampling": {"temperature": float("nan")}}, "spec.sampling.temperature"),
+    ({"sampling": {"top_p": 3}}, "spec.sampling.top_p"),
+    ({"endpoints": {"ledger": "x" * 5000}}, "spec.endpoints.ledger"),
+    ({"prompts": {"dataset_uri": "/nonexistent/prompts.jsonl"}}, "spec.prompts.dataset_uri"),
+    ({"checkpoint": {"keep_last": -1}}, "spec.checkpoint.keep_last"),
+]
+
+
+def test_specs_that_can_never_run_are_refused_naming_the_field(trainer):
+    """The whole spec is checked before StartJob accepts it (one trainer for all the cases)."""
+    stub, _, tmp = trainer
+    for kw, field in NEVER_RUN:
+        s = spec(tmp)
+        for key, value in kw.items():
+            if key == "options":
+                s.options.update(value)
+            elif isinstance(value, dict):
+                target = getattr(s, key)
+                for k, val in value.items():
+                    if isinstance(val, list):
+                        getattr(target, k).extend(val)
+                    elif isinstance(val, dict):
+                        getattr(target, k).update(val)
+                    else:
+                        setattr(target, k, val)
+            elif key == "backend" and isinstance(value, str):
+                s.backend = T.TRAINER_BACKEND_MEGATRON
+            else:
+                setattr(s, key, value)
+        with pytest.raises(grpc.RpcError) as exc:
+            stub.StartJob(T.StartJobRequest(spec=s), metadata=MD, timeout=10)
+        details = exc.value.details()
+        assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (kw, details)
+        assert details.startswith(field), (field, details)
+        assert len(details) < 1024
+    assert code_of(stub.GetJob, T.GetTrainerJobRequest(), metadata=MD, timeout=5) == grpc.StatusCode.NOT_FOUND
+    assert not (tmp / "trainer-state" / "job.json").exists()

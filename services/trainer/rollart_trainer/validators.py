@@ -1,0 +1,140 @@
+"""StartJob's whole-spec check: every field of a ``TrainerJobSpec`` is validated before the job is accepted.
+
+Invariant: a spec that passes :func:`check_spec` fails later only for reasons outside the spec (a peer down, a
+model that does not load); a spec that can never run (unknown device or backend, a learning rate of inf, a 1 MB
+model name, sizes out of range) is refused with INVALID_ARGUMENT naming the field (``spec.grpo.learning_rate``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from rollart.runtime import errors, ids
+from rollart.runtime import validation as v
+from rollart.v1 import common_pb2
+from rollart.v1 import trainer_pb2 as T
+
+DEVICE_RE = re.compile(r"^(cpu|mps|cuda(:[0-9]{1,2})?)$")
+# A Hugging Face repository name ("org/name") or a bare name; anything else must be a local directory.
+HF_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+ADDRESS_RE = re.compile(r"^[A-Za-z0-9._\-\[\]:]{1,253}:[0-9]{1,5}$")
+DTYPES = ("", "float32", "bfloat16", "float16")
+BACKENDS = (T.TRAINER_BACKEND_UNSPECIFIED, T.TRAINER_BACKEND_TORCH, T.TRAINER_BACKEND_FSDP2)
+MAX_PATH_CHARS = 1024
+MAX_BATCH = 1_000_000  # the ledger's bounds
+MAX_GROUP = 4096
+MAX_ALPHA = 1000
+#: Relays and actors accept requests of 16 MiB: a segment must fit with room for the message around it.
+MAX_SEGMENT_BYTES = 15 * 1024 * 1024
+MAX_BATCH_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def _address(field: str, value: str) -> None:
+    if value and not ADDRESS_RE.match(value):
+        raise errors.InvalidArgument(field, f"must be HOST:PORT, got {errors.shorten(value)}")
+
+
+def _model(spec: T.TrainerJobSpec) -> None:
+    model = v.text("spec.model", spec.model, MAX_PATH_CHARS, required=True)
+    local = Path(model).expanduser()
+    if model.startswith(("/", "./", "../", "~")) or local.is_dir():
+        if not (local / "config.json").is_file():
+            raise errors.InvalidArgument(
+                "spec.model", f"{errors.shorten(model)} is not a checkpoint directory (no config.json)"
+            )
+    elif not HF_NAME_RE.match(model):
+        raise errors.InvalidArgument(
+            "spec.model", f"must be a checkpoint directory or a Hugging Face name, got {errors.shorten(model)}"
+        )
+
+
+def _grpo(g: T.GrpoConfig, spec: T.TrainerJobSpec) -> None:
+    p = "spec.grpo."
+    if g.learning_rate:
+        v.number(p + "learning_rate", g.learning_rate, 0.0, 1.0, lo_open=True)
+    v.number(p + "weight_decay", g.weight_decay, 0.0, 10.0)
+    v.number(p + "clip_eps_low", g.clip_eps_low, 0.0, 1.0, hi_open=True)
+    v.number(p + "clip_eps_high", g.clip_eps_high, 0.0, 100.0)
+    v.number(p + "kl_coef", g.kl_coef, 0.0, 1e3)
+    v.number(p + "max_grad_norm", g.max_grad_norm, 0.0, 1e9)
+    v.integer(p + "micro_batch_size", g.micro_batch_size, 0, max(spec.batch_size, 0))
+    v.integer(p + "epochs_per_batch", g.epochs_per_batch, 0, 100)
+    v.integer(p + "max_seq_len", g.max_seq_len, 0, 1 << 22)
+
+
+def _publish(pub: T.PublishConfig) -> None:
+    p = "spec.publish."
+    v.enum(p + "weight_sync", pub.weight_sync, T.WeightSyncMode, required=False)
+    v.integer(p + "checkpoint_every", pub.checkpoint_every, 0, 1_000_000)
+    v.text(p + "checkpoint_store", pub.checkpoint_store, MAX_PATH_CHARS)
+    v.items(p + "relay_endpoints", pub.relay_endpoints, 256)
+    for i, endpoint in enumerate(pub.relay_endpoints):
+        _address(f"{p}relay_endpoints[{i}]", endpoint)
+    v.integer(p + "streams", pub.streams, 0, 64)
+    _address(p + "mooncake_master", pub.mooncake_master)
+    v.integer(p + "bucket_bytes", pub.bucket_bytes, 0, 64 << 30)
+    if pub.dtype not in DTYPES:
+        choices = ", ".join(DTYPES[1:])
+        raise errors.InvalidArgument(p + "dtype", f"must be one of {choices}, got {errors.shorten(pub.dtype)}")
+    if pub.max_segment_bytes:
+        v.integer(p + "max_segment_bytes", pub.max_segment_bytes, 4096, MAX_SEGMENT_BYTES)
+
+
+def _sampling(s: common_pb2.SamplingParams) -> None:
+    p = "spec.sampling."
+    v.number(p + "temperature", s.temperature, 0.0, 100.0)
+    v.number(p + "top_p", s.top_p, 0.0, 1.0)
+    v.integer(p + "top_k", s.top_k, -1, 1_000_000)
+    v.integer(p + "max_tokens", s.max_tokens, 0, 1 << 20)
+    v.items(p + "stop", s.stop, 64)
+    for i, stop in enumerate(s.stop):
+        v.text(f"{p}stop[{i}]", stop, 256)
+    v.items(p + "stop_token_ids", s.stop_token_ids, 1024)
+    v.number(p + "repetition_penalty", s.repetition_penalty, 0.0, 100.0)
+
+
+def check_spec(spec: T.TrainerJobSpec) -> None:
+    """Raise ``errors.InvalidArgument`` for the first field of ``spec`` that can never work."""
+    ids.check_name("spec.job_id", spec.job_id)
+    _model(spec)
+    v.enum("spec.backend", spec.backend, T.TrainerBackend, required=False, allowed=BACKENDS)
+    v.enum("spec.mode", spec.mode, T.StepMode, required=False)
+    v.integer("spec.alpha", spec.alpha, 0, MAX_ALPHA)
+    v.enum("spec.admission", spec.admission, common_pb2.AdmissionPolicy, required=False)
+    v.integer("spec.batch_size", spec.batch_size, 1, MAX_BATCH)
+    v.integer("spec.group_size", spec.group_size, 1, MAX_GROUP)
+    v.integer("spec.redundancy", spec.redundancy, 0, MAX_GROUP)
+    v.integer("spec.max_steps", spec.max_steps, 0, 1 << 40)
+    _grpo(spec.grpo, spec)
+    _publish(spec.publish)
+    c = spec.checkpoint
+    v.text("spec.checkpoint.uri", c.uri, MAX_PATH_CHARS)
+    v.integer("spec.checkpoint.every_steps", c.every_steps, 0, 1_000_000)
+    v.integer("spec.checkpoint.keep_last", c.keep_last, 0, 1_000_000)
+    pr = spec.prompts
+    v.text("spec.prompts.task", pr.task, 256)
+    ids.check_id("spec.prompts.environment", pr.environment, required=False)
+    v.text("spec.prompts.dataset_uri", pr.dataset_uri, MAX_PATH_CHARS)
+    if pr.dataset_uri and not pr.dataset_uri.startswith(("s3://", "http://", "https://")):
+        if not Path(pr.dataset_uri.removeprefix("file://")).is_file():
+            raise errors.InvalidArgument("spec.prompts.dataset_uri", f"no such file: {errors.shorten(pr.dataset_uri)}")
+    v.mapping("spec.prompts.metadata", pr.metadata, 256, max_value_chars=1 << 20)
+    for name in ("ledger", "llmproxy", "resource_manager"):
+        _address(f"spec.endpoints.{name}", getattr(spec.endpoints, name))
+    _sampling(spec.sampling)
+    device = spec.device
+    if device and not DEVICE_RE.match(device):
+        raise errors.InvalidArgument("spec.device", f"must be cpu, cuda, cuda:N or mps, got {errors.shorten(device)}")
+    v.duration("spec.batch_timeout", spec.batch_timeout, max_seconds=MAX_BATCH_TIMEOUT_S)
+    if spec.HasField("batch_timeout") and v.duration("spec.batch_timeout", spec.batch_timeout) <= 0:
+        raise errors.InvalidArgument("spec.batch_timeout", "must be > 0")
+    v.text("spec.metrics_path", spec.metrics_path, MAX_PATH_CHARS)
+    v.mapping("spec.options", spec.options, 256)
+    # The GRPO settings as the backend will build them (options such as grpo.temperature included).
+    from .grpo import GrpoSettings
+
+    try:
+        GrpoSettings.from_job_spec(spec)
+    except ValueError as exc:
+        raise errors.InvalidArgument("spec.grpo", str(exc)) from None
