@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from contextlib import aclosing
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import grpc
 from aiohttp import web
@@ -51,34 +51,43 @@ HTTP_OF = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
 MAX_BODY = 64 * 1024 * 1024
+# Bounds of the numbers a client sends (they end in int32/int64/float protobuf fields): out of range is the
+# client's fault, 400, never a ValueError from protobuf (500).
+INT32_MAX = 2**31 - 1
+INT64 = (-(2**63), 2**63 - 1)
+MAX_TOKENS = 1 << 20
+MAX_TIMEOUT_S = 24 * 3600.0
+# Label values of the HTTP metrics: the routes; any other path counts as "other" (a bounded label set).
+ROUTES = ("/health", "/v1/models", "/v1/completions", "/v1/chat/completions")
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 class _Body(BaseModel):
     # Unknown fields are ignored, as OpenAI clients send many optional ones.
     model_config = ConfigDict(extra="ignore")
 
-    model: str = ""
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, ge=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
-    n: int = Field(1, ge=1)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    model: str = Field("", max_length=256)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    temperature: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
+    top_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
+    n: int = Field(1, ge=1, le=INT32_MAX)
+    stop: str | list[str] | None = Field(None, max_length=64)
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=1024)
+    seed: int | None = Field(None, ge=INT64[0], le=INT64[1])
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float | None = Field(None, ge=0)
+    presence_penalty: float = Field(0.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
     ignore_eos: bool = False
     user: str | None = None
 
 
 class CompletionBody(_Body):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0)
+    logprobs: int | None = Field(None, ge=0, le=INT32_MAX)
     suffix: str | None = None
     best_of: int | None = None
 
@@ -97,9 +106,9 @@ class _Message(BaseModel):
 
 class ChatBody(_Body):
     messages: list[_Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0)
+    top_logprobs: int | None = Field(None, ge=0, le=INT32_MAX)
     tools: list[Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -177,16 +186,18 @@ class OpenAIServer:
             resp = error_response(exc.status, exc.message, exc.code, exc.headers)
         except web.HTTPException as exc:
             resp = error_response(exc.status, exc.reason or "error", "http_error")
-        metrics.HTTP_REQUESTS.labels(path if path.startswith("/v1/") else "other", str(resp.status)).inc()
+        metrics.HTTP_REQUESTS.labels(path if path in ROUTES else "other", str(resp.status)).inc()
         return resp
 
     @staticmethod
     async def _json(request: web.Request, model: type[BaseModel]) -> Any:
+        raw = await request.read()
         try:
-            raw = await request.read()
             data = json.loads(raw)
+        except RecursionError:  # e.g. 50,000 nested arrays: the client's fault, not a server error
+            raise HttpError(400, "request body is nested too deeply") from None
         except (ValueError, UnicodeDecodeError) as exc:
-            raise HttpError(400, f"request body is not valid JSON: {exc}") from None
+            raise HttpError(400, f"request body is not valid JSON: {str(exc)[:200]}") from None
         if not isinstance(data, dict):
             raise HttpError(400, "request body must be a JSON object")
         try:
@@ -222,7 +233,13 @@ class OpenAIServer:
             min_version = int(h.get("X-Rollart-Min-Version", "0"))
             timeout = float(h["X-Rollart-Timeout"]) if "X-Rollart-Timeout" in h else None
         except ValueError as exc:
-            raise HttpError(400, f"bad X-Rollart-* header: {exc}") from None
+            raise HttpError(400, f"bad X-Rollart-* header: {str(exc)[:200]}") from None
+        if not 0 <= turn <= INT32_MAX:
+            raise HttpError(400, f"X-Rollart-Turn must be within [0, {INT32_MAX}]")
+        if not INT64[0] <= min_version <= INT64[1]:
+            raise HttpError(400, "X-Rollart-Min-Version must be a 64-bit integer")
+        if timeout is not None and not (0 < timeout <= MAX_TIMEOUT_S):  # also refuses NaN
+            raise HttpError(400, f"X-Rollart-Timeout must be within (0, {MAX_TIMEOUT_S:g}] seconds")
         req = lp.TrajectoryGenerateRequest(
             trajectory_id=h.get("X-Rollart-Trajectory-Id") or f"oai-{uuid.uuid4().hex}",
             turn=turn,
@@ -235,8 +252,6 @@ class OpenAIServer:
             return_text=True,
         )
         if timeout is not None:
-            if timeout <= 0:
-                raise HttpError(400, "X-Rollart-Timeout must be > 0")
             req.deadline.FromNanoseconds(int((time.time() + timeout) * 1e9))
         return req
 

@@ -277,6 +277,44 @@ async def test_openai_errors(served):
         assert r.status == 503 and r.headers["Retry-After"] == "1" and r.headers["X-Rollart-Retryable"] == "true"
 
 
+async def test_openai_hostile_requests_are_400_and_metrics_labels_stay_bounded(served):
+    from rollart_llmproxy import metrics
+    from rollart_llmproxy.openai_http import ROUTES
+
+    _, info, _ = served
+    base = info["openai_base_url"]
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    deep = b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": ' + b"[" * 50_000
+    deep += b"]" * 50_000 + b"}"
+    async with aiohttp.ClientSession() as s:
+        cases = [
+            ("/completions", {"prompt": "x", "max_tokens": 2**63}, {}),
+            ("/chat/completions", {**chat, "max_tokens": 2**63}, {}),
+            ("/chat/completions", {**chat, "max_completion_tokens": 2**31}, {}),
+            ("/completions", {"prompt": [1, 2**40]}, {}),
+            ("/completions", {"prompt": "x", "seed": 2**70}, {}),
+            ("/completions", {"prompt": "x", "stop_token_ids": [2**33]}, {}),
+            ("/completions", {"prompt": "x", "top_k": 2**40}, {}),
+            ("/completions", {"prompt": "x"}, {"X-Rollart-Turn": str(2**40)}),
+            ("/completions", {"prompt": "x"}, {"X-Rollart-Min-Version": str(2**70)}),
+            ("/completions", {"prompt": "x"}, {"X-Rollart-Timeout": "nan"}),
+            ("/completions", {"prompt": "x"}, {"X-Rollart-Timeout": "1e300"}),
+        ]
+        for path, body, headers in cases:
+            async with s.post(base + path, json=body, headers={**auth, **headers}) as r:
+                assert r.status == 400, (path, body, headers, r.status, await r.text())
+        for raw in (deep, b'{"prompt": "x", "temperature": Infinity}', b'{"prompt": "x", "temperature": NaN}'):
+            async with s.post(base + "/completions", data=raw, headers={**auth, "Content-Type": "application/json"}) as r:
+                assert r.status == 400, (raw[:60], r.status)
+        # Any path, with or without a token, counts under one of a fixed set of labels.
+        for i in range(200):
+            async with s.get(f"{base}/unknown-{i}", headers=auth if i % 2 else {}) as r:
+                assert r.status in (401, 404, 405)
+    paths = {sample.labels["path"] for m in metrics.HTTP_REQUESTS.collect() for sample in m.samples}
+    assert paths <= set(ROUTES) | {"other"}, paths
+
+
 async def _until(cond, timeout: float = 3.0) -> bool:
     for _ in range(int(timeout / 0.02)):
         if cond():
