@@ -421,7 +421,10 @@ def test_k8s_deployment(service: str) -> None:
     assert c["image"].split(":")[0] == f"rollart/{service}"
 
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports["grpc"] == port and ports["metrics"] == METRICS_PORT
+    assert ports["grpc"] == port
+    # /metrics is unauthenticated: the base keeps it on the pod's loopback, neither declared nor scraped.
+    assert "metrics" not in ports and METRICS_PORT not in ports.values()
+    assert not any(k.startswith("prometheus.io/") for k in pod["metadata"].get("annotations", {}))
     for name, number in EXTRA_PORTS.get(service, {}).items():
         assert ports.get(name) == number
 
@@ -459,7 +462,7 @@ def test_k8s_shared_config_and_token(service: str) -> None:
         for name, e in env.items()
         if "configMapKeyRef" in e.get("valueFrom", {})
     }
-    assert resolved.get("ROLLART_METRICS_LISTEN") == f"0.0.0.0:{METRICS_PORT}"
+    assert resolved.get("ROLLART_METRICS_LISTEN") == f"127.0.0.1:{METRICS_PORT}"
     assert resolved.get("ROLLART_LOG_FORMAT") == "json"
     if service in REDIS_DB:
         assert resolved["ROLLART_REDIS_URL"] == f"redis://redis:6379/{REDIS_DB[service]}"
@@ -495,7 +498,8 @@ def test_k8s_service(service: str) -> None:
     assert _selects(svc["spec"]["selector"], pod["metadata"]["labels"]), f"Service {service} selects no pod"
     container_ports = {p["name"]: p["containerPort"] for p in _container({"spec": {"template": pod}}, service)["ports"]}
     ports = {p["name"]: p for p in svc["spec"]["ports"]}
-    expected = {"grpc": SERVICES[service], "metrics": METRICS_PORT, **EXTRA_PORTS.get(service, {})}
+    expected = {"grpc": SERVICES[service], **EXTRA_PORTS.get(service, {})}
+    assert "metrics" not in ports and all(p["port"] != METRICS_PORT for p in ports.values())
     for name, number in expected.items():
         assert ports[name]["port"] == number
         target = ports[name].get("targetPort", number)
