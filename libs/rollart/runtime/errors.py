@@ -21,7 +21,7 @@ Example::
     from rollart.runtime import errors
 
     if request.max_workers <= 0:
-        raise errors.InvalidArgument("max_workers", "must be > 0")  # "max_workers must be > 0"
+        raise errors.InvalidArgument("max_workers", "must be > 0")  # "max_workers: must be > 0"
     if pool is None:
         raise errors.NotFound(f"no pool named {errors.shorten(request.name)}")
 """
@@ -92,8 +92,8 @@ class ServiceError(Exception):
 class InvalidArgument(ServiceError):
     """The request is malformed; ``field`` names the offending field (dotted path, ``""`` if none).
 
-    ``message`` is phrased to follow the field name ("must be > 0", "is required"); the field also travels
-    as trailing metadata :data:`MD_FIELD`.
+    Details read ``"<field>: <message>"`` (``message`` phrased to follow the field name: "must be > 0", "is
+    required"); the field also travels as trailing metadata :data:`MD_FIELD`.
     """
 
     code = grpc.StatusCode.INVALID_ARGUMENT
@@ -105,11 +105,11 @@ class InvalidArgument(ServiceError):
             self.trailing.append((MD_FIELD, field))
 
     def details(self) -> str:
-        # The message reads after the field name: ("max_workers", "must be > 0") -> "max_workers must be > 0".
-        # A message that already starts with the field is kept as written.
+        # ("max_workers", "must be > 0") -> "max_workers: must be > 0"; a message that already starts with the
+        # field is kept as written.
         if not self.field or self.message.startswith(self.field):
             return self.message
-        return f"{self.field} {self.message}"
+        return f"{self.field}: {self.message}"
 
 
 class NotFound(ServiceError):

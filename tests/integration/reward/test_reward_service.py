@@ -68,7 +68,7 @@ def test_unauthenticated_calls_are_rejected(rs):
 @pytest.mark.parametrize(
     "request_, needle",
     [
-        (req(traj("", "\\boxed{1}", answer="1")), "trajectory_id is required"),
+        (req(traj("", "\\boxed{1}", answer="1")), "trajectory_id: is required"),
         (req(traj("bad-task", "1", task="poetry")), "cannot derive a scorer"),
         (req(traj("bad-kind", "1"), spec=c.RewardSpec(kind=42)), "unknown scorer kind"),
         (

@@ -131,7 +131,7 @@ def test_token_less_requests_are_not_parsed(flood):
     with pytest.raises(grpc.RpcError) as exc:
         stub.RegisterWorker(rm.RegisterWorkerRequest(worker=rm.Worker(worker_id="w" * 300)), metadata=[bearer(TOKEN)])
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert exc.value.details().startswith("worker.worker_id ") and len(exc.value.details()) < 200
+    assert exc.value.details().startswith("worker.worker_id:") and len(exc.value.details()) < 200
     assert service.parsed == 1
     ch.close()
 

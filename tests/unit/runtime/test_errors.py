@@ -33,7 +33,7 @@ def test_typed_errors_carry_their_code():
 
 def test_invalid_argument_names_the_field():
     code, details, trailing = errors.status_of(errors.InvalidArgument("max_workers", "must be > 0"))
-    assert details == "max_workers must be > 0"
+    assert details == "max_workers: must be > 0"
     assert (errors.MD_FIELD, "max_workers") in trailing
     # A message that already starts with the field is not prefixed twice.
     assert errors.InvalidArgument("limit", "limit must be >= 0").details() == "limit must be >= 0"
@@ -140,7 +140,7 @@ def test_raised_errors_become_statuses_through_the_server_wrapper(interceptor):
                 with pytest.raises(aio.AioRpcError) as info:
                     await unary(b"invalid")
                 assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-                assert info.value.details() == "job_id must match [A-Za-z0-9]"
+                assert info.value.details() == "job_id: must match [A-Za-z0-9]"
                 assert (errors.MD_FIELD, "job_id") in tuple(info.value.trailing_metadata())
 
                 with pytest.raises(aio.AioRpcError) as info:

@@ -54,6 +54,6 @@ def test_checked_duration_names_the_field():
             timeutil.checked_duration("policy.lease_ttl", d)
         code, details, _ = errors.status_of(info.value)
         assert code == grpc.StatusCode.INVALID_ARGUMENT
-        assert details == f"policy.lease_ttl {why}"
+        assert details == f"policy.lease_ttl: {why}"
     with pytest.raises(errors.InvalidArgument, match="at most 60 s"):
         timeutil.checked_duration("wait", Duration(seconds=61), max_seconds=60)
