@@ -209,13 +209,17 @@ async def test_missed_versions_catch_up_from_the_relay_cache(services) -> None:
     _, r = start_relay(services, "r1")
     pub = Publisher(job=JOB, key=KEY, token=TOKEN, relays=[r["address"]], streams=2, max_segment_bytes=8192)
     await pub.start()
-    s = subscriber("late", [r["address"]], ws[1].copy())
+    s = None
     try:
         for v in range(0, 5):
             await pub.publish(v, ws[v])
             if v:
                 await pub.commit(v)
-        # s has been away since v1: D_2, D_3, D_4 were missed (3 versions). It comes back; Commit(5) arrives.
+        # s has been away since v1: D_2, D_3, D_4 were missed (3 versions). It comes back (with v1 and its
+        # h(v1), which D_2 names as its base); Commit(5) arrives.
+        w1 = ws[1].copy()
+        w1.applied_hash = next(p.hash for p in pub.published if p.version == 1)
+        s = subscriber("late", [r["address"]], w1)
         await started([s])
         r5 = await pub.publish(5, ws[5])
         await pub.commit(5)
@@ -226,7 +230,8 @@ async def test_missed_versions_catch_up_from_the_relay_cache(services) -> None:
         got = s.bytes_received + s.bytes_fetched
         assert got <= delta_bytes * 1.01 and got < ws[5].nbytes / 2  # K·|D|, not the model size
     finally:
-        await s.stop()
+        if s is not None:
+            await s.stop()
         await pub.stop()
 
 
