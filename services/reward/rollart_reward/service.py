@@ -437,7 +437,7 @@ class RewardService(reward_pb2_grpc.RewardServicer):
             raise errors.InvalidArgument(
                 "min_workers", f"must be within [0, max_workers={request.max_workers}], got {request.min_workers}"
             )
-        idle = timeutil.checked_duration("idle_timeout", request.idle_timeout)
+        idle = timeutil.checked_duration("idle_timeout", request.idle_timeout, max_seconds=7 * 24 * 3600)
         self.pool.configure(request.min_workers, request.max_workers, idle if idle > 0 else None)
         log.info(
             "pool configured",

@@ -106,6 +106,10 @@ def test_malformed_bytes_and_bad_pool_settings(rs, module_channel):
         r.ConfigureRewardPoolRequest(min_workers=3, max_workers=2),
         r.ConfigureRewardPoolRequest(min_workers=-1, max_workers=2),
         r.ConfigureRewardPoolRequest(max_workers=2, idle_timeout=Duration(seconds=-5)),
+        # Out-of-range durations (were UNKNOWN "Value out of range"): INVALID_ARGUMENT naming the field.
+        r.ConfigureRewardPoolRequest(max_workers=2, idle_timeout=Duration(seconds=2**63 - 1)),
+        r.ConfigureRewardPoolRequest(max_workers=2, idle_timeout=Duration(nanos=-5)),
+        r.ConfigureRewardPoolRequest(max_workers=2, idle_timeout=Duration(seconds=8 * 24 * 3600)),
     ):
         code, _ = code_of(lambda bad=bad: rs.stub.ConfigurePool(bad, metadata=rs.md, timeout=5))
         assert code == grpc.StatusCode.INVALID_ARGUMENT
