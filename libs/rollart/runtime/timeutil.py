@@ -84,8 +84,13 @@ def duration(secs: float, *, field: str = "duration") -> Duration:
 
 
 def duration_ms(ms: float, *, field: str = "duration") -> Duration:
-    """A Duration of ``ms`` milliseconds (negative values become zero)."""
-    return duration(ms / 1000.0, field=field)
+    """A Duration of ``ms`` milliseconds, truncated to whole milliseconds (the ledger's Redis records keep
+    milliseconds); negative values become zero."""
+    if math.isnan(ms) or ms > MAX_DURATION_S * 1000:
+        raise errors.InvalidArgument(field, f"must be a finite duration of at most {MAX_DURATION_S} s")
+    d = Duration()
+    d.FromMilliseconds(int(max(ms, 0.0)))
+    return d
 
 
 def seconds(value: Duration | Timestamp) -> float:

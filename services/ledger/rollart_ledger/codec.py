@@ -4,29 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
-
+from rollart.runtime import timeutil
 from rollart.v1 import common_pb2
 from rollart.v1 import ledger_pb2 as lp
 
 HOLDER = lp.SUBSCRIBER_KIND_HOLDER
 
 
-def ts_ms(ms: float) -> Timestamp:
-    t = Timestamp()
-    t.FromMilliseconds(int(ms))
-    return t
-
-
-def dur_ms(ms: float) -> Duration:
-    d = Duration()
-    d.FromMilliseconds(int(ms))
-    return d
-
-
-def ms_of(d: Duration) -> float:
-    return d.seconds * 1000.0 + d.nanos / 1e6
+# The records keep epoch/duration milliseconds; the conversions are rollart.runtime.timeutil's.
+ts_ms = timeutil.timestamp_ms
+dur_ms = timeutil.duration_ms
+ms_of = timeutil.milliseconds
 
 
 def text(b: Any) -> str:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
+from rollart.runtime import ports
 from rollart.runtime.config import JOB_ID_RE, ServiceConfig, receive_limit
 
 JOB_RE = JOB_ID_RE  # the same job ids as the weight plane's
@@ -11,7 +12,7 @@ class LedgerConfig(ServiceConfig):
     # Largest request accepted, in bytes (16 MiB):
     # AddPrompts (up to 10,000 prompts) and Submit (one trajectory of a long context).
     max_receive_message_bytes: int | None = receive_limit(16)
-    listen: str = "127.0.0.1:50052"
+    listen: str = ports.listen("ledger")
     # Pool the ledger registers in (role "ledger") when a resource manager is configured, so that envmanagers,
     # actors and the trainer can discover it; created as a CPU pool when missing.
     rm_pool: str = "control"

@@ -1,28 +1,12 @@
 """Console entry point: ``rollart-ledger [--config PATH]``."""
 
-from __future__ import annotations
-
-import argparse
-import sys
-
-from rollart.runtime.config import ConfigError, load_config
-from rollart.runtime.server import run_service
+from rollart.runtime import entry
 
 from .config import LedgerConfig
-from .service import LedgerService
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="rollart-ledger", description=__doc__)
-    parser.add_argument(
-        "--config", help="YAML config file (also ROLLART_CONFIG); ROLLART_* env vars override"
-    )
-    args = parser.parse_args(argv)
-    try:
-        cfg = load_config(LedgerConfig, args.config)
-    except ConfigError as exc:
-        sys.exit(f"rollart-ledger: {exc}")
-    run_service(LedgerService(cfg), cfg)
+    entry.main("rollart-ledger", LedgerConfig, "rollart_ledger.service:LedgerService", argv)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from google.protobuf.duration_pb2 import Duration
 
+from rollart.runtime import timeutil
 from rollart.v1 import common_pb2
 from rollart.v1 import ledger_pb2 as lp
 
@@ -45,13 +46,11 @@ class PolicyError(ValueError):
 
 
 def _dur(seconds_ms: float) -> Duration:
-    d = Duration()
-    d.FromMilliseconds(int(seconds_ms))
-    return d
+    return timeutil.duration_ms(seconds_ms)
 
 
 def _ms(d: Duration) -> float:
-    return d.seconds * 1000.0 + d.nanos / 1e6
+    return timeutil.milliseconds(d)
 
 
 def _check_duration(name: str, d: Duration) -> None:

@@ -13,7 +13,6 @@ import asyncio
 import functools
 import logging
 import math
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -22,10 +21,10 @@ import grpc
 import redis.asyncio as aioredis
 from grpc import aio
 from prometheus_client import Counter
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rollart.discovery import Registration
+from rollart.runtime import errors, ids, timeutil
+from rollart.runtime.background import Periodic
 from rollart.runtime.telemetry import log_fields
 from rollart.v1 import common_pb2
 from rollart.v1 import ledger_pb2 as lp
@@ -41,7 +40,6 @@ from .scripts import BatchRecord, LedgerScripts, NewGroup, WorkReport, now_ms
 
 log = logging.getLogger(__name__)
 
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/#+=-]{0,199}$")
 MAX_BATCH = 1_000_000
 MAX_PROMPTS = 10_000
 MAX_PRIORITY = 1_000_000
@@ -52,13 +50,12 @@ LEASES_ISSUED = Counter("rollart_ledger_leases_issued_total", "Sample leases iss
 LEASES_EXPIRED = Counter("rollart_ledger_leases_expired_total", "Sample leases expired by the reaper")
 
 
-class Abort(Exception):
-    """Ends the call with a status (raised below the handlers, turned into context.abort by them)."""
+class Abort(errors.ServiceError):
+    """Ends the call with a status (a ``runtime.errors`` error: the server's handler wrapper maps it)."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
-        self.message = message
 
 
 def invalid(message: str) -> Abort:
@@ -70,33 +67,26 @@ def precondition(message: str) -> Abort:
 
 
 def _check_id(name: str, value: str, required: bool = True) -> None:
-    if not value:
-        if required:
-            raise invalid(f"{name} is required")
-        return
-    if not ID_RE.match(value):
-        raise invalid(f"{name} must match {ID_RE.pattern}, got {value[:80]!r}")
+    ids.check_id(name, value, required=required)
 
 
 def _check_duration(name: str, d: Any) -> float:
-    if d.seconds < 0 or d.nanos < 0:
-        raise invalid(f"{name} must not be negative")
-    return codec.ms_of(d) / 1000.0
+    return timeutil.checked_duration(name, d)
 
 
 def handler(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Maps Abort, the core's LedgerError (scripts, planning) and store outages to gRPC statuses."""
+    """Raises the core's LedgerError (scripts, planning) as the ``runtime.errors`` error of its code.
+
+    Abort, invalid ids and durations and store outages (redis ConnectionError -> UNAVAILABLE) are mapped by
+    the server's handler wrapper like every service's.
+    """
 
     @functools.wraps(fn)
     async def run(self: "LedgerService", request: Any, context: aio.ServicerContext) -> Any:
         try:
             return await fn(self, request, context)
-        except Abort as exc:
-            await context.abort(exc.code, exc.message)
         except LedgerError as exc:
-            await context.abort(grpc.StatusCode[exc.code], exc.message)
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"ledger store unavailable: {exc}")
+            raise errors.error_for(exc.code, exc.message) from None
 
     return run
 
@@ -135,7 +125,7 @@ class LedgerService(lg.LedgerServicer):
         self.scripts = LedgerScripts(self.redis, self.p)
         self.planner = StepPlanner(self.redis, self.scripts, self.p)
         self.signal = _Signal()
-        self._reaper: asyncio.Task | None = None
+        self._reaper = Periodic(self.reap, cfg.reap_interval_seconds, name="ledger-reaper")
         self._last_trim = 0.0
 
     def k(self, name: str) -> str:
@@ -156,7 +146,7 @@ class LedgerService(lg.LedgerServicer):
                     f"the store under {self.p!r} belongs to job {job.decode()!r}, not {self.cfg.job_id!r}"
                 )
         await self.scripts.ensure_policy(pol.defaults(self.cfg.job_id))
-        self._reaper = asyncio.create_task(self._reap_loop(), name="ledger-reaper")
+        self._reaper.start()
 
     async def on_serving(self, address: str) -> None:
         if not self.cfg.resource_manager:
@@ -178,12 +168,7 @@ class LedgerService(lg.LedgerServicer):
     async def stop(self) -> None:
         if getattr(self, "_registration", None) is not None:
             await self._registration.stop()
-        if self._reaper is not None:
-            self._reaper.cancel()
-            try:
-                await self._reaper
-            except asyncio.CancelledError:
-                pass
+        await self._reaper.stop()
         await self.redis.aclose()
 
     async def _policy(self, pending: bool = False) -> dict[str, float]:
@@ -196,16 +181,6 @@ class LedgerService(lg.LedgerServicer):
         return pol.numbers(h)
 
     # ------------------------------------------------------------------------------------------------ reaper
-
-    async def _reap_loop(self) -> None:
-        while True:
-            try:
-                await self.reap()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - store hiccup: try again next tick
-                log.exception("reap failed")
-            await asyncio.sleep(self.cfg.reap_interval_seconds)
 
     async def reap(self) -> None:
         reaped = await self.scripts.reap(
@@ -380,8 +355,7 @@ class LedgerService(lg.LedgerServicer):
             raise invalid(f"observed_tokens_per_s must be a finite number >= 0, got {obs}")
         if request.in_flight_requests < 0:
             raise invalid("in_flight_requests must be >= 0")
-        if request.relay_id and not ID_RE.match(request.relay_id):
-            raise invalid("relay_id is malformed")
+        _check_id("relay_id", request.relay_id, required=False)
         now = now_ms()
         beat = await self.scripts.heartbeat(
             actor_id=request.actor_id,
@@ -520,38 +494,31 @@ class LedgerService(lg.LedgerServicer):
         self, request: lp.WatchCommandsRequest, context: aio.ServicerContext
     ) -> AsyncIterator[lp.LedgerCommand]:
         sub, kind = request.subscriber_id, request.kind
-        try:
-            _check_id("subscriber_id", sub)
-            if kind not in K.values() or kind == K.SUBSCRIBER_KIND_UNSPECIFIED:
-                raise invalid("kind is required (ACTOR, RELAY, HOLDER, ROUTER or TRAINER)")
-            if request.from_sequence < 0:
-                raise invalid("from_sequence must be >= 0")
-            key = self.k("cmds")
-            if request.only_new:
-                last = f"{int(await self.redis.get(self.k('cmd:seq')) or 0)}-1"
-            elif request.from_sequence > 0:
-                first = await self.redis.xrange(key, count=1)
-                if first:
-                    oldest = int(first[0][0].decode().split("-")[0])
-                    if request.from_sequence < oldest - 1:
-                        raise Abort(
-                            grpc.StatusCode.OUT_OF_RANGE,
-                            f"commands after {request.from_sequence} are no longer retained"
-                            f" (oldest {oldest}); re-read the state (GetStepPlan) and watch with only_new",
-                        )
-                last = f"{request.from_sequence}-1"
-            else:
-                last = "0-0"
-        except Abort as exc:
-            await context.abort(exc.code, exc.message)
-            return
+        _check_id("subscriber_id", sub)
+        if kind not in K.values() or kind == K.SUBSCRIBER_KIND_UNSPECIFIED:
+            raise invalid("kind is required (ACTOR, RELAY, HOLDER, ROUTER or TRAINER)")
+        if request.from_sequence < 0:
+            raise invalid("from_sequence must be >= 0")
+        key = self.k("cmds")
+        if request.only_new:
+            last = f"{int(await self.redis.get(self.k('cmd:seq')) or 0)}-1"
+        elif request.from_sequence > 0:
+            first = await self.redis.xrange(key, count=1)
+            if first:
+                oldest = int(first[0][0].decode().split("-")[0])
+                if request.from_sequence < oldest - 1:
+                    raise Abort(
+                        grpc.StatusCode.OUT_OF_RANGE,
+                        f"commands after {request.from_sequence} are no longer retained"
+                        f" (oldest {oldest}); re-read the state (GetStepPlan) and watch with only_new",
+                    )
+            last = f"{request.from_sequence}-1"
+        else:
+            last = "0-0"
         conn = aioredis.from_url(self.cfg.redis_url)  # a blocking XREAD needs its own connection
         try:
             while True:
-                try:
-                    reply = await conn.xread({key: last}, block=1000, count=256)
-                except (RedisConnectionError, RedisTimeoutError) as exc:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"ledger store unavailable: {exc}")
+                reply = await conn.xread({key: last}, block=1000, count=256)  # an outage: UNAVAILABLE
                 for _stream, entries in reply or ():
                     for entry_id, fields in entries:
                         last = entry_id.decode()

@@ -34,6 +34,8 @@ def test_duration_clamps_negatives_and_refuses_the_unrepresentable():
     assert timeutil.seconds(timeutil.duration(1.5)) == 1.5
     assert timeutil.duration(-3) == Duration()
     assert timeutil.milliseconds(timeutil.duration_ms(250)) == 250.0
+    assert timeutil.duration_ms(1234.9) == Duration(seconds=1, nanos=234_000_000)  # whole milliseconds
+    assert timeutil.duration_ms(-5) == Duration()
     for bad in (float("nan"), float("inf"), 1e18):
         with pytest.raises(errors.InvalidArgument) as info:
             timeutil.duration(bad, field="ttl")
