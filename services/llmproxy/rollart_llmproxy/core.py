@@ -312,7 +312,7 @@ class Proxy:
         client = self.clients.pop(entry.actor_id, None)
         if client is not None:
             self.spawn(client.close(), f"close-{entry.actor_id}")
-        for gauge in (metrics.OUTSTANDING_TOKENS, metrics.OUTSTANDING_REQUESTS, metrics.ACTOR_HEALTHY):
+        for gauge in metrics.PER_ACTOR:  # a removed actor's series go with it: the label set stays bounded
             try:
                 gauge.remove(entry.actor_id)
             except KeyError:

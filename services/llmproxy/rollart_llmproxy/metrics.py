@@ -30,4 +30,8 @@ TTFT = Histogram(
 TOKENS = Counter("rollart_llmproxy_generated_tokens_total", "Tokens streamed to callers", ["actor"])
 ABORTED = Counter("rollart_llmproxy_aborted_total", "Turns ended by Abort")
 PD_TURNS = Counter("rollart_llmproxy_pd_turns_total", "Turns by PD mode", ["mode"])
+# path: one of the API's routes, or "other" for any unknown path (so requests cannot grow the label set).
 HTTP_REQUESTS = Counter("rollart_llmproxy_http_requests_total", "OpenAI API requests", ["path", "status"])
+
+#: Series labelled by actor id: removed with the actor (``Proxy._finalize_removal``).
+PER_ACTOR = (OUTSTANDING_TOKENS, OUTSTANDING_REQUESTS, ACTOR_HEALTHY, ACTOR_FAILURES, TOKENS)
