@@ -56,7 +56,7 @@ def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
         np.not_equal(a[s:e], b[s:e], out=m)
         pos = np.flatnonzero(m)
         if pos.size:
-            out.append(pos + s if s else pos)
+            out.append(np.add(pos, s, out=pos) if s else pos)
     return np.concatenate(out) if out else np.empty(0, np.int64)
 
 
@@ -83,8 +83,22 @@ def extract_tensor(
 # encoding
 
 # v2: below this changed fraction a sparse encoding is always smaller than a dense one, so the dense
-# candidate is not even built (it costs a compression of the whole tensor).
+# layout is not considered at all.
 DENSE_CANDIDATE_FRACTION = 0.25
+_SAMPLE_ENTRIES = 1 << 16  # entries whose coded size predicts the sparse-vs-dense choice
+
+
+def _dense_looks_smaller(idx: np.ndarray, vals: np.ndarray, flat: np.ndarray) -> bool:
+    """Sparse or dense, predicted from the coded sizes of a deterministic sample (the first entries and the
+    run of the tensor they span), so that only the chosen encoding of the whole tensor is built."""
+    k = min(idx.size, _SAMPLE_ENTRIES)
+    first, last = int(idx[0]), int(idx[k - 1])
+    gaps = np.diff(idx[:k]).astype(np.uint64)
+    index = leb128.encode(np.concatenate([idx[:1].astype(np.uint64), gaps]))
+    sparse_per_entry = (len(streams.code_index(index)[1]) + len(streams.code_values(vals[:k])[1])) / k
+    run = flat[first : last + 1]
+    dense_per_element = len(streams.code_values(run)[1]) / run.size
+    return dense_per_element * flat.size < sparse_per_entry * idx.size
 
 
 @dataclass
@@ -130,14 +144,18 @@ def _gap_stream(idx: np.ndarray, itemsize: int, budget: int) -> tuple[np.ndarray
     the cumulative extra bytes of those few, instead of full-length uint64 passes.
     """
     n = idx.size
-    gaps = np.diff(idx).view(np.uint64) if idx.dtype == np.int64 else np.diff(idx).astype(np.uint64)
+    if n and int(idx[-1]) < 2**32:  # real tensors: 32-bit gaps halve the memory traffic of the passes below
+        gaps = np.empty(n - 1, np.uint32)
+        np.subtract(idx[1:], idx[:-1], out=gaps, casting="unsafe")
+    else:
+        gaps = np.diff(idx).astype(np.uint64)
     per_entry = 1 + itemsize
     big = np.flatnonzero(gaps >= 0x80)
     if big.size * 8 <= gaps.size:
         stream = gaps.astype(np.uint8)
         extra_cum = np.zeros(1, np.int64)
         if big.size:
-            bv = gaps[big]
+            bv = gaps[big].astype(np.uint64)
             stream[big] = (bv & np.uint64(0x7F)).astype(np.uint8) | np.uint8(0x80)
             rest = bv >> np.uint64(7)
             rest_len = leb128.encoded_lengths(rest)
@@ -267,14 +285,23 @@ class DeltaWriter:
         budget = self.max_segment_bytes - overhead - leb128.MAX_LEB_BYTES
         if budget < d.itemsize + leb128.MAX_LEB_BYTES:  # any single entry must fit, or splitting stalls
             raise ValueError(f"max_segment_bytes {self.max_segment_bytes} too small for tensor {name!r}")
-        parts = self._sparse_parts(idx, vals, d, budget)
+        parts: list[_Part] | None = None
+        flat = None
+        dense_budget = self.max_segment_bytes - overhead
         if self.format_version == sg.FORMAT_V2 and dense is not None and idx.size >= DENSE_CANDIDATE_FRACTION * numel:
             flat = np.ascontiguousarray(dense()).reshape(-1).view(d.raw)
             if flat.size != numel:
                 raise ValueError(f"{name}: dense values hold {flat.size} elements, not {numel}")
-            alt = self._dense_parts(flat, d, self.max_segment_bytes - overhead)
-            if sum(p.nbytes for p in alt) + overhead * len(alt) < sum(p.nbytes for p in parts) + overhead * len(parts):
-                parts = alt
+            if _dense_looks_smaller(idx, vals, flat):
+                parts = self._dense_parts(flat, d, dense_budget)
+        if parts is None:
+            parts = self._sparse_parts(idx, vals, d, budget)
+            # The estimate is a sample: never let the sparse encoding exceed the raw dense tensor.
+            size = sum(p.nbytes + overhead for p in parts)
+            if flat is not None and size > numel * d.itemsize:
+                alt = self._dense_parts(flat, d, dense_budget)
+                if sum(p.nbytes + overhead for p in alt) < size:
+                    parts = alt
         yield from self._emit(bname, d, shape, numel, parts, stats)
 
     def _sparse_parts(self, idx: np.ndarray, vals: np.ndarray, d: dt.DType, budget: int) -> list[_Part]:
