@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from rollart.cli import tls as cli_tls
 from rollart.local import cluster as local
 from rollart.runtime.auth import bearer
 
@@ -34,6 +35,7 @@ def add_subparsers(sub: Any) -> None:
         "--token-file", help="job token file (default: the local cluster's, or ROLLART_JOB_TOKEN)"
     )
     st.add_argument("--timeout", type=float, default=10.0)
+    cli_tls.add_arguments(st)
     st.set_defaults(func=cmd_status)
 
 
@@ -65,7 +67,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     address, token = _target(args)
     metadata = [bearer(token)] if token else []
-    with grpc.insecure_channel(address) as ch:
+    with cli_tls.channel_or_exit("rollart ledger status", args, address) as ch:
         try:
             status = lg.LedgerStub(ch).GetStatus(
                 lp.LedgerStatusRequest(

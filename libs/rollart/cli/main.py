@@ -4,6 +4,8 @@ rollart up [--only SERVICE ...]     start a local cluster (private redis + servi
 rollart status [--json]             health of every service of the local cluster
 rollart down                        stop it, leaving no process behind
 rollart health --address HOST:PORT  exit 0 iff the gRPC health service answers SERVING (container probes)
+                                    (health, status, resources, ledger: TLS from --tls-* flags, ROLLART_TLS__*
+                                    or the tls section of --config / ROLLART_CONFIG, as the services read it)
 rollart resources pools|workers|bindings [--json]
 rollart ledger status [--json]      versions, actors, leases and sample buffer of the job ledger
 rollart run JOB.yaml                train a job on a local cluster (progress bar, metrics, reward curve)
@@ -23,9 +25,11 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rollart.cli import tls as cli_tls
 from rollart.local import cluster as local
 from rollart.local.processes import ProcessError, pid_alive
 from rollart.runtime.auth import bearer
+from rollart.runtime.config import ConfigError, TLSConfig
 
 # Subcommands contributed by other parts: module path -> attribute that registers them on the subparsers.
 # Modules that are missing (a service that is not installed) are skipped; the command then explains.
@@ -40,9 +44,9 @@ def _state_dir(args: argparse.Namespace) -> Path:
     return Path(args.state_dir).resolve() if args.state_dir else local.default_state_dir()
 
 
-def health_status(address: str, service: str = "", timeout: float = 3.0) -> str:
+def health_status(address: str, service: str = "", timeout: float = 3.0, tls: TLSConfig | None = None) -> str:
     try:
-        with grpc.insecure_channel(address) as ch:
+        with cli_tls.sync_channel(address, tls) as ch:
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
             return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
     except grpc.RpcError as exc:
@@ -68,9 +72,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not state:
         print(f"no local cluster in {_state_dir(args)} (start one with `rollart up`)", file=sys.stderr)
         return 1
+    tls = _tls_or_exit("rollart status", args)
     rows = []
     for name, info in state.get("services", {}).items():
-        status = health_status(info["address"]) if pid_alive(info["pid"]) else "DEAD"
+        status = health_status(info["address"], tls=tls) if pid_alive(info["pid"]) else "DEAD"
         rows.append({"service": name, "address": info["address"], "pid": info["pid"], "status": status})
     if state.get("mooncake"):
         mc = state["mooncake"]
@@ -103,8 +108,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
+def _tls_or_exit(prog: str, args: argparse.Namespace) -> TLSConfig | None:
+    try:
+        return cli_tls.from_args(args)
+    except ConfigError as exc:  # one line naming the key, e.g. a certificate file that is not there
+        raise SystemExit(f"{prog}: {' '.join(str(exc).split())}") from None
+
+
 def cmd_health(args: argparse.Namespace) -> int:
-    status = health_status(args.address, args.service, args.timeout)
+    status = health_status(args.address, args.service, args.timeout, _tls_or_exit("rollart health", args))
     print(status)
     return 0 if status == "SERVING" else 1
 
@@ -129,7 +141,7 @@ def cmd_resources(args: argparse.Namespace) -> int:
 
     address, token = _rm_target(args)
     metadata = [bearer(token)] if token else []
-    with grpc.insecure_channel(address) as ch:
+    with cli_tls.sync_channel(address, _tls_or_exit("rollart resources", args)) as ch:
         stub = rm_grpc.ResourceManagerStub(ch)
         try:
             if args.what == "pools":
@@ -187,11 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_down)
     p = sub.add_parser("status", help="health of every service of the local cluster")
     p.add_argument("--json", action="store_true")
+    cli_tls.add_arguments(p)
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("health", help="exit 0 iff a gRPC server reports SERVING")
     p.add_argument("--address", required=True)
     p.add_argument("--service", default="", help="service name to check (default: the whole server)")
     p.add_argument("--timeout", type=float, default=3.0)
+    cli_tls.add_arguments(p)
     p.set_defaults(func=cmd_health)
     p = sub.add_parser("resources", help="pools, workers and bindings of the resource manager")
     p.add_argument("what", choices=["pools", "workers", "bindings"])
@@ -199,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="workers: include expired ones")
     p.add_argument("--address", help="resource manager address (default: the local cluster's)")
     p.add_argument("--token-file", help="job token file (default: the local cluster's, or ROLLART_JOB_TOKEN)")
+    cli_tls.add_arguments(p)
     p.set_defaults(func=cmd_resources)
 
     for module, attr in PLUGINS:

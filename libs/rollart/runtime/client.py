@@ -197,5 +197,9 @@ def channel(
 def sync_channel(address: str, *, token: str | None, tls: TLSConfig | None = None) -> tuple[grpc.Channel, list]:
     """A blocking channel plus the metadata to pass on each call (CLI tools and tests)."""
     creds = channel_credentials(tls)
-    ch = grpc.secure_channel(address, creds) if creds is not None else grpc.insecure_channel(address)
+    if creds is None:
+        ch = grpc.insecure_channel(address)
+    else:
+        opts = [("grpc.ssl_target_name_override", tls.server_name)] if tls is not None and tls.server_name else []
+        ch = grpc.secure_channel(address, creds, options=opts)
     return ch, ([bearer(token)] if token else [])

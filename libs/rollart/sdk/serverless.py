@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from rollart.runtime.auth import bearer
+from rollart.runtime.client import sync_channel
 from rollart.runtime.config import ConfigError, ServiceConfig, load_config
 from rollart.runtime.server import _write_ready
 from rollart.v1 import resource_manager_pb2 as rm
@@ -110,15 +110,23 @@ def main(argv: list[str] | None = None) -> None:
     worker_id = f"serverless-{args.name}"
     stub = metadata = None
     if cfg.resource_manager:
-        ch = grpc.insecure_channel(cfg.resource_manager)
-        stub, metadata = rm_grpc.ResourceManagerStub(ch), [bearer(cfg.token())] if cfg.token() else []
-        stub.RegisterWorker(
-            rm.RegisterWorkerRequest(
-                worker=rm.Worker(worker_id=worker_id, role=args.name, endpoint=url, pool=args.pool, ttl_seconds=0)
-            ),
-            metadata=metadata,
-            timeout=10,
-        )
+        # The same client TLS settings as the services (tls.ca_file, the client pair for mTLS, server_name).
+        ch, metadata = sync_channel(cfg.resource_manager, token=cfg.token(), tls=cfg.tls)
+        stub = rm_grpc.ResourceManagerStub(ch)
+        try:
+            stub.RegisterWorker(
+                rm.RegisterWorkerRequest(
+                    worker=rm.Worker(worker_id=worker_id, role=args.name, endpoint=url, pool=args.pool, ttl_seconds=0)
+                ),
+                metadata=metadata,
+                timeout=10,
+            )
+        except grpc.RpcError as exc:  # e.g. a certificate the resource manager refuses: one line, no traceback
+            server.server_close()
+            sys.exit(
+                f"rollart.sdk.serverless: registering with the resource manager {cfg.resource_manager} failed: "
+                f"{exc.code().name}: {exc.details()}"
+            )
     if cfg.ready_file is not None:
         _write_ready(cfg.ready_file, f"serverless-{args.name}", url, None)
 
