@@ -91,7 +91,8 @@ class ServiceConfig(StrictModel):
 
     # gRPC listen address; port 0 picks a free port (the bound one is written to ready_file).
     listen: str = "127.0.0.1:50050"
-    # Prometheus /metrics listen address; None disables the endpoint.
+    # Prometheus /metrics listen address; None disables the endpoint. The endpoint is unauthenticated: it binds
+    # to loopback unless set otherwise (e.g. 0.0.0.0:9100 behind a firewall, see deploy/README.md#metrics).
     metrics_listen: str | None = "127.0.0.1:0"
     # Bearer token every RPC must carry (except health). Required unless auth is explicitly disabled.
     job_token: SecretStr | None = None
