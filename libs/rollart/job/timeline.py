@@ -10,7 +10,8 @@ publication of the version that update made active), ``t_train_start``/``t_train
 - relay / weights: publishing a version, the UPDATE that makes it active;
 - actors: the rollout of each batch (alternate rows: batches overlap in asynchronous modes) and the pause of
   generation at the update;
-- reward: from the batch's last trajectory to the batch being ready (the scores the batch waited for).
+- reward: from the batch's last trajectory to the batch being ready (the scores the batch waited for), for
+  steps whose trainer waited for its batch.
 """
 
 from __future__ import annotations
@@ -54,7 +55,10 @@ def spans(records: list[dict[str, Any]]) -> list[tuple[str, str, float, float, i
         pause = float(r.get("update_pause_seconds") or 0.0)
         if x.get("t_update_end") and pause > 0:
             bar("actors", "pause", x["t_update_end"] - pause, x["t_update_end"])
-        bar("reward", "reward", x.get("t_rollout_end"), x.get("t_batch_ready"))
+        if float(r.get("get_batch_seconds") or 0.0) >= 0.2:
+            # The trainer waited for the batch: it was ready when its last score landed. (A batch ready before
+            # the trainer asked says nothing about when its scores came: no bar.)
+            bar("reward", "reward", x.get("t_rollout_end"), x.get("t_batch_ready"))
     return out
 
 

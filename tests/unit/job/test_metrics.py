@@ -78,6 +78,7 @@ def _records(rewards: list[float], step_s: float = 10.0) -> list[dict]:
                 "finished_at": t + step_s,
                 "checkpoint_seconds": 0.5,
                 "update_pause_seconds": 0.2,
+                "get_batch_seconds": 6.0,
                 "extra": {
                     "t_batch_ready": t + 6,
                     "t_update_start": t + 6.1,
