@@ -225,53 +225,101 @@ def _is_map(fd: FieldDescriptor) -> bool:
 def check_limits(message: Message, limits: Limits = DEFAULT_LIMITS) -> None:
     """Raise ``errors.InvalidArgument`` naming the first field of ``message`` over its bound.
 
-    Only set fields are visited (``ListFields``), so the cost is proportional to what the caller sent.
+    Only set fields are visited (``ListFields``), so the cost is proportional to what the caller sent; the field
+    path of the error is built only when there is one.
     """
-    _walk(message, message.DESCRIPTOR, "", limits, 0)
+    try:
+        _walk(message, limits, 0)
+    except _Over as over:
+        raise errors.InvalidArgument("".join(reversed(over.path)).lstrip("."), over.message) from None
 
 
-def _walk(msg: Message, desc: Descriptor, prefix: str, limits: Limits, depth: int) -> None:
-    if depth > limits.max_depth:
-        raise errors.InvalidArgument(prefix.rstrip("."), f"nests messages deeper than {limits.max_depth}")
-    for fd, value in msg.ListFields():
-        path = prefix + fd.name
+class _Over(Exception):
+    """A bound was exceeded; the path is collected (innermost first) while the walk unwinds."""
+
+    def __init__(self, part: str, message: str) -> None:
+        super().__init__(message)
+        self.path = [part]
+        self.message = message
+
+
+# What to check of each field of a message type, per Limits instance: (kind, bound, name, value bound).
+_MAP, _MAP_MSG, _REP_MSG, _REP_STR, _REP, _MSG, _STR = range(7)
+_plans: dict[tuple[int, str], dict[FieldDescriptor, tuple[int, int, str, int]]] = {}
+
+
+def _plan(desc: Descriptor, limits: Limits) -> dict[FieldDescriptor, tuple[int, int, str, int]]:
+    key = (id(limits), desc.full_name)
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    plan = {}
+    for fd in desc.fields:
         bound = limits.fields.get(fd.full_name)
         if _is_map(fd):
-            _check_count(path, len(value), bound or limits.max_map_entries)
             value_fd = fd.message_type.fields_by_name["value"]
+            kind = _MAP_MSG if value_fd.type == FieldDescriptor.TYPE_MESSAGE else _MAP
+            value_bound = limits.fields.get(value_fd.full_name) or limits.max_string_chars
+            plan[fd] = (kind, bound or limits.max_map_entries, fd.name, value_bound)
+        elif fd.is_repeated and fd.type == FieldDescriptor.TYPE_MESSAGE:
+            plan[fd] = (_REP_MSG, bound or limits.max_messages, fd.name, 0)
+        elif fd.is_repeated:
+            per_item = ID_CHARS if _is_id_field(fd) else limits.max_string_chars
+            kind = _REP_STR if fd.type == FieldDescriptor.TYPE_STRING else _REP
+            plan[fd] = (kind, bound or limits.max_scalars, fd.name, per_item)
+        elif fd.type == FieldDescriptor.TYPE_MESSAGE:
+            plan[fd] = (_MSG, 0, fd.name, 0)
+        elif fd.type == FieldDescriptor.TYPE_STRING:
+            plan[fd] = (_STR, bound or (ID_CHARS if _is_id_field(fd) else limits.max_string_chars), fd.name, 0)
+    if len(_plans) < 4096:  # message types x Limits instances: small; never unbounded
+        _plans[key] = plan
+    return plan
+
+
+def _walk(msg: Message, limits: Limits, depth: int) -> None:
+    if depth > limits.max_depth:
+        raise _Over("", f"nests messages deeper than {limits.max_depth}")
+    plan = _plan(msg.DESCRIPTOR, limits)
+    for fd, value in msg.ListFields():
+        entry = plan.get(fd)
+        if entry is None:
+            continue  # numbers, bools, bytes: bounded by their type or the receive limit
+        kind, bound, name, inner = entry
+        if kind == _STR:
+            if len(value) > bound:
+                raise _Over("." + name, f"must be at most {bound} characters, got {len(value)}")
+            continue
+        if kind == _MSG:
+            try:
+                _walk(value, limits, depth + 1)
+            except _Over as over:
+                over.path.append("." + name)
+                raise
+            continue
+        if len(value) > bound:
+            raise _Over("." + name, f"must hold at most {bound} entries, got {len(value)}")
+        if kind == _REP_MSG:
+            for i, item in enumerate(value):
+                try:
+                    _walk(item, limits, depth + 1)
+                except _Over as over:
+                    over.path.append(f".{name}[{i}]")
+                    raise
+        elif kind == _REP_STR:
+            for i, item in enumerate(value):
+                if len(item) > inner:
+                    raise _Over(f".{name}[{i}]", f"must be at most {inner} characters, got {len(item)}")
+        elif kind in (_MAP, _MAP_MSG):
             for key in value:
                 if isinstance(key, str) and len(key) > ID_CHARS:
-                    raise errors.InvalidArgument(path, f"has a key of {len(key)} characters (at most {ID_CHARS})")
+                    raise _Over("." + name, f"has a key of {len(key)} characters (at most {ID_CHARS})")
                 item = value[key]
-                where = f"{path}[{errors.shorten(key, 40)}]"
-                if value_fd.type == FieldDescriptor.TYPE_MESSAGE:
-                    _walk(item, value_fd.message_type, where + ".", limits, depth + 1)
-                elif isinstance(item, str):
-                    _check_string(where, item, limits.fields.get(value_fd.full_name) or limits.max_string_chars)
-            continue
-        if fd.is_repeated:
-            if fd.type == FieldDescriptor.TYPE_MESSAGE:
-                _check_count(path, len(value), bound or limits.max_messages)
-                for i, item in enumerate(value):
-                    _walk(item, fd.message_type, f"{path}[{i}].", limits, depth + 1)
-            else:
-                _check_count(path, len(value), bound or limits.max_scalars)
-                if fd.type == FieldDescriptor.TYPE_STRING:
-                    per_item = ID_CHARS if _is_id_field(fd) else limits.max_string_chars
-                    for i, item in enumerate(value):
-                        _check_string(f"{path}[{i}]", item, per_item)
-            continue
-        if fd.type == FieldDescriptor.TYPE_MESSAGE:
-            _walk(value, fd.message_type, path + ".", limits, depth + 1)
-        elif fd.type == FieldDescriptor.TYPE_STRING:
-            _check_string(path, value, bound or (ID_CHARS if _is_id_field(fd) else limits.max_string_chars))
-
-
-def _check_count(path: str, n: int, bound: int) -> None:
-    if n > bound:
-        raise errors.InvalidArgument(path, f"must hold at most {bound} entries, got {n}")
-
-
-def _check_string(path: str, value: str, bound: int) -> None:
-    if len(value) > bound:
-        raise errors.InvalidArgument(path, f"must be at most {bound} characters, got {len(value)}")
+                if kind == _MAP_MSG:
+                    try:
+                        _walk(item, limits, depth + 1)
+                    except _Over as over:
+                        over.path.append(f".{name}[{errors.shorten(key, 40)}]")
+                        raise
+                elif isinstance(item, str) and len(item) > inner:
+                    where = f".{name}[{errors.shorten(key, 40)}]"
+                    raise _Over(where, f"must be at most {inner} characters, got {len(item)}")
