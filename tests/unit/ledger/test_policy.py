@@ -47,3 +47,17 @@ def test_derived_capacity_is_alpha_plus_one_times_concurrency():
     assert pol.derived_capacity(f, holders=0, batch=0, group=4) == 12
     f["cap"] = 50
     assert pol.derived_capacity(f, holders=32, batch=16, group=4) == 50
+
+
+def test_derived_capacity_follows_the_window_once_planned():
+    f = pol.fields(pol.fill(lp.JobPolicy(job_id="j", alpha=2, group_size=4), ""))
+    # Planned, no batch formed for the planned step (synchronous): alpha + 1 batches can take the work.
+    assert pol.derived_capacity(f, holders=32, batch=16, group=4, ahead=0) == 48
+    # The planned step's batch formed (asynchronous): alpha batches; one more formed: alpha - 1.
+    assert pol.derived_capacity(f, holders=32, batch=16, group=4, ahead=1) == 32
+    assert pol.derived_capacity(f, holders=32, batch=16, group=4, ahead=3) == 0  # the window is closed
+    at_start = pol.fields(
+        pol.fill(lp.JobPolicy(job_id="j", alpha=1, group_size=4, admission=common_pb2.ADMISSION_POLICY_AT_START), "")
+    )
+    assert at_start["adm"] == common_pb2.ADMISSION_POLICY_AT_START
+    assert pol.derived_capacity(at_start, holders=32, batch=16, group=4, ahead=1) == 32  # (alpha + 1) * B
