@@ -159,7 +159,8 @@ class ActorServicer:
         trailer arrives. INVALID_ARGUMENT for a bad segment (checksum, HMAC,
         header), FAILED_PRECONDITION for a delta whose base is neither the active
         version nor a staged one; the bad version's staged data is discarded and
-        the active weights are untouched.
+        the active weights are untouched. Each message holds one segment within
+        the actor's receive limit (16 MiB by default).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

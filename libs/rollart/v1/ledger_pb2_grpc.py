@@ -200,8 +200,10 @@ class LedgerServicer:
 
         Records a policy version. Idempotent: registering an identical version
         again succeeds with created=false. A version that is not greater than the
-        latest, or differs from an existing one with the same number, or whose
-        base is unknown, is rejected with FAILED_PRECONDITION.
+        latest, or more than 1024 above it, or differs from an existing one with
+        the same number, or whose base is unknown, is rejected with
+        FAILED_PRECONDITION. Version 0 (the initial policy) has no base: its
+        base_version 0 is recorded as -1.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -320,6 +322,8 @@ class LedgerServicer:
         Adds prompts to the pool: each prompt becomes a GRPO group of
         group_size samples, over-issued by `redundancy` extra leases. Idempotent
         per prompt_id + group_id: adding an existing group again changes nothing.
+        At most 10,000 prompts per call; the request at most the ledger's receive
+        limit (16 MiB by default, RESOURCE_EXHAUSTED above it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -385,7 +389,8 @@ class LedgerServicer:
         admissible under the job's policy. Idempotent: the same result (lease id
         and trajectory id) submitted again returns the first verdict with
         duplicate=true and counts once. A rejection is a verdict, not an error;
-        malformed requests get INVALID_ARGUMENT.
+        malformed requests get INVALID_ARGUMENT. One trajectory per call, within
+        the ledger's receive limit (16 MiB by default).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -116,6 +116,8 @@ class LLMProxyServicer:
         """Generates one turn of a trajectory, streamed (see the retryable-status
         contract above). The first response carries the routing decision; every
         response carries a chunk of tokens with logprobs and per-token versions.
+        The request (a whole conversation) is at most the proxy's receive limit
+        (16 MiB by default).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -126,7 +126,9 @@ class RelayServicer:
         upstream relay or a test) and forwards them like striped-transport
         segments. Segments of several versions may be interleaved; duplicates are
         ignored. A bad segment (checksum, HMAC, header mismatch) ends the call
-        with INVALID_ARGUMENT and nothing of it is cached or forwarded.
+        with INVALID_ARGUMENT and nothing of it is cached or forwarded. Each
+        message holds one segment and fits the relay's receive limit (16 MiB by
+        default; jobs keep max_segment_bytes at most 15 MiB).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

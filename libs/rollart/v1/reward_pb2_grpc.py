@@ -70,7 +70,8 @@ class RewardServicer:
         """Scores one trajectory. INVALID_ARGUMENT for a request without a
         trajectory id or with an unknown scorer; scorer failures and timeouts are
         statuses in the result; DEADLINE_EXCEEDED when the call's deadline passes
-        first.
+        first. The request (one trajectory) is at most the reward service's
+        receive limit (16 MiB by default).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

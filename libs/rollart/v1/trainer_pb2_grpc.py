@@ -90,7 +90,11 @@ class TrainerServicer:
         """Starts a job (configures the ledger, loads or resumes the policy,
         publishes the initial version, then runs steps). Idempotent for the same
         job_id and spec while it runs; FAILED_PRECONDITION if another job runs.
-        Returns once the job is STARTING; watch it with WatchJob.
+        Returns once the job is STARTING; watch it with WatchJob. The whole spec
+        is validated first: a spec that can never run (unknown device or backend,
+        a non-finite learning rate, sizes or durations out of range, a model that
+        is neither a checkpoint directory nor a model name) gets INVALID_ARGUMENT
+        naming the field (e.g. "spec.grpo.learning_rate: ...").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 1_000_000
 MAX_PROMPTS = 10_000
 MAX_PRIORITY = 1_000_000
+# A new version is at most this far above the latest (the first at most this far above -1).
+MAX_VERSION_STEP = 1024
 K = lp.SubscriberKind
 
 SUBMISSIONS = Counter("rollart_ledger_submissions_total", "Submit verdicts", ["verdict"])
@@ -265,6 +267,13 @@ class LedgerService(lg.LedgerServicer):
         for name in ("checkpoint_bytes", "delta_bytes", "delta_entries"):
             if getattr(v, name) < 0:
                 raise invalid(f"version.{name} must be >= 0")
+        latest_raw = await self.redis.get(self.k("latest"))
+        latest = int(latest_raw) if latest_raw is not None else -1
+        if v.version > latest + MAX_VERSION_STEP:
+            # One call must not end a job: a version far ahead (2^63-1) would make every later one "not greater".
+            raise precondition(
+                f"version.version {v.version} is more than {MAX_VERSION_STEP} above the latest version ({latest})"
+            )
         if not v.HasField("created_at"):
             v.created_at.CopyFrom(codec.ts_ms(now_ms()))
         registered = await self.scripts.register_version(v)

@@ -64,16 +64,16 @@ def _time_values(desc: Descriptor) -> list[Message]:
     return out
 
 
-def message_values(desc: Descriptor, depth: int) -> list[tuple[str, Message]]:
-    """Nested messages to put in a field: extremes of the time types, else the nested variants."""
+def message_values(desc: Descriptor, depth: int, base: Message | None = None) -> list[tuple[str, Message]]:
+    """Nested messages to put in a field: extremes of the time types, else the nested variants (of ``base``)."""
     if desc.full_name in TIME_TYPES:
         return [(f"{m.seconds}s{m.nanos}n", m) for m in _time_values(desc)]
     if depth >= 2:
         return [("empty", new(desc))]
-    return [(label, m) for label, m in variants(desc, depth + 1)]
+    return [(label, m) for label, m in variants(desc, depth + 1, base)]
 
 
-def field_setters(fd: FieldDescriptor, depth: int) -> Iterator[tuple[str, Setter]]:
+def field_setters(fd: FieldDescriptor, depth: int, base: Message | None = None) -> Iterator[tuple[str, Setter]]:
     name = fd.name
     if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
         key_fd, val_fd = fd.message_type.fields_by_name["key"], fd.message_type.fields_by_name["value"]
@@ -100,7 +100,8 @@ def field_setters(fd: FieldDescriptor, depth: int) -> Iterator[tuple[str, Setter
             yield f"{name}[x50000]", lambda m: getattr(m, name).extend([many] * 50_000)
         return
     if fd.type == F.TYPE_MESSAGE:
-        for label, value in message_values(fd.message_type, depth):
+        nested = getattr(base, name) if base is not None and base.HasField(name) else None
+        for label, value in message_values(fd.message_type, depth, nested):
             yield f"{name}={{{label}}}", lambda m, v=value: getattr(m, name).CopyFrom(v)
         return
     for value in scalar_values(fd):
@@ -111,12 +112,17 @@ def _key(key_fd: FieldDescriptor, i: int):
     return f"k{i}" if key_fd.type == F.TYPE_STRING else i
 
 
-def variants(desc: Descriptor, depth: int = 0) -> Iterator[tuple[str, Message]]:
-    """The empty message, then one message per field extreme (fields of nested messages recursively)."""
-    yield "empty", new(desc)
+def variants(desc: Descriptor, depth: int = 0, base: Message | None = None) -> Iterator[tuple[str, Message]]:
+    """The empty message (or ``base``), then one message per field extreme (fields of nested messages
+    recursively), each a copy of ``base`` (a valid request, when given) with that one field changed."""
+    yield ("base" if base is not None else "empty"), base if base is not None else new(desc)
     for fd in desc.fields:
-        for label, setter in field_setters(fd, depth):
+        for label, setter in field_setters(fd, depth, base):
             m = new(desc)
+            if base is not None:
+                m.CopyFrom(base)
+                if fd.is_repeated or fd.message_type is not None:
+                    m.ClearField(fd.name)  # the extreme replaces the field, it is not appended to it
             try:
                 setter(m)
             except (ValueError, TypeError, OverflowError):
@@ -154,10 +160,14 @@ def wire_cases(desc: Descriptor) -> Iterator[tuple[str, bytes]]:
         yield f"random{size}", bytes(rng.getrandbits(8) for _ in range(size))
 
 
-def cases(method: MethodDescriptor, rng: random.Random, per_method: int) -> list[tuple[str, bytes]]:
-    """At most ``per_method`` message variants (sampled with ``rng``) plus every wire-level case."""
+def cases(
+    method: MethodDescriptor, rng: random.Random, per_method: int, base: Message | None = None
+) -> list[tuple[str, bytes]]:
+    """At most ``per_method`` message variants (sampled with ``rng``; mutations of ``base`` when given, plus
+    those of the empty message) plus every wire-level case."""
     out = []
-    for label, m in variants(method.input_type):
+    seeded = list(variants(method.input_type, 0, base)) if base is not None else []
+    for label, m in seeded + list(variants(method.input_type)):
         try:
             out.append((label, m.SerializeToString()))
         except Exception:  # noqa: BLE001 - e.g. invalid surrogates: not sendable by this runtime

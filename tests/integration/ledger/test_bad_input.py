@@ -77,6 +77,10 @@ CASES = [
     ("RegisterVersion", lambda le: lp.RegisterVersionRequest(version=PV(version=2, base_version=2, hash=h(2))), "INVALID_ARGUMENT"),
     ("RegisterVersion", lambda le: lp.RegisterVersionRequest(version=PV(version=1, base_version=0, hash=h(7))), "FAILED_PRECONDITION"),
     ("RegisterVersion", lambda le: lp.RegisterVersionRequest(version=PV(version=5, base_version=4, hash=h(5))), "FAILED_PRECONDITION"),
+    # A version far above the latest (1) would end the job (every later one "not greater"): refused.
+    ("RegisterVersion", lambda le: lp.RegisterVersionRequest(version=PV(version=2**63 - 1, base_version=0, hash=h(9))), "FAILED_PRECONDITION"),
+    ("RegisterVersion", lambda le: lp.RegisterVersionRequest(version=PV(version=2**63 - 1, base_version=-1, hash=h(9))), "FAILED_PRECONDITION"),
+    ("RegisterVersion", lambda le: lp.RegisterVersionRequest(version=PV(version=1026, base_version=1, hash=h(9))), "FAILED_PRECONDITION"),
     ("GetVersion", lambda le: lp.GetVersionRequest(version=99), "NOT_FOUND"),
     ("RegisterActor", lambda le: lp.RegisterActorRequest(actor=lp.LedgerActor(endpoint="x:1")), "INVALID_ARGUMENT"),
     ("RegisterActor", lambda le: lp.RegisterActorRequest(actor=lp.LedgerActor(actor_id="a2")), "INVALID_ARGUMENT"),
