@@ -18,7 +18,8 @@ from rollart.v1 import trainer_pb2 as T
 DEVICE_RE = re.compile(r"^(cpu|mps|cuda(:[0-9]{1,2})?)$")
 # A Hugging Face repository name ("org/name") or a bare name; anything else must be a local directory.
 HF_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
-ADDRESS_RE = re.compile(r"^[A-Za-z0-9._\-\[\]:]{1,253}:[0-9]{1,5}$")
+# HOST:PORT, or a gRPC target such as dns:///ledger:50052 or unix:/run/ledger.sock.
+ADDRESS_RE = re.compile(r"^(?=.*:)[A-Za-z0-9._\-\[\]:/@%+~]{3,512}$")
 DTYPES = ("", "float32", "bfloat16", "float16")
 BACKENDS = (T.TRAINER_BACKEND_UNSPECIFIED, T.TRAINER_BACKEND_TORCH, T.TRAINER_BACKEND_FSDP2)
 MAX_PATH_CHARS = 1024
@@ -32,7 +33,7 @@ MAX_BATCH_TIMEOUT_S = 7 * 24 * 3600.0
 
 def _address(field: str, value: str) -> None:
     if value and not ADDRESS_RE.match(value):
-        raise errors.InvalidArgument(field, f"must be HOST:PORT, got {errors.shorten(value)}")
+        raise errors.InvalidArgument(field, f"must be HOST:PORT or a gRPC target, got {errors.shorten(value)}")
 
 
 def _model(spec: T.TrainerJobSpec) -> None:
