@@ -27,7 +27,7 @@ from rollart.runtime import ports
 ROOT = Path(__file__).resolve().parents[3]
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
-K8S = ROOT / "deploy" / "k8s"
+K8S = ROOT / "deploy" / "k8s" / "base"  # deploy/k8s/kustomization.yaml only points at it
 
 # service -> gRPC port (the one table, rollart.runtime.ports); console entry point is rollart-<service>,
 # package folder services/<service>.
