@@ -151,6 +151,14 @@ class PublishConfig(_message.Message):
     max_segment_bytes: int
     def __init__(self, weight_sync: _Optional[_Union[WeightSyncMode, str]] = ..., checkpoint_every: _Optional[int] = ..., checkpoint_store: _Optional[str] = ..., relay_endpoints: _Optional[_Iterable[str]] = ..., streams: _Optional[int] = ..., mooncake_master: _Optional[str] = ..., bucket_bytes: _Optional[int] = ..., dtype: _Optional[str] = ..., max_segment_bytes: _Optional[int] = ...) -> None: ...
 
+class ParallelConfig(_message.Message):
+    __slots__ = ("tensor_parallel_size", "pipeline_parallel_size")
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    def __init__(self, tensor_parallel_size: _Optional[int] = ..., pipeline_parallel_size: _Optional[int] = ...) -> None: ...
+
 class CheckpointConfig(_message.Message):
     __slots__ = ("uri", "every_steps", "keep_last", "resume")
     URI_FIELD_NUMBER: _ClassVar[int]
@@ -197,7 +205,7 @@ class TrainerEndpoints(_message.Message):
     def __init__(self, ledger: _Optional[str] = ..., llmproxy: _Optional[str] = ..., resource_manager: _Optional[str] = ...) -> None: ...
 
 class TrainerJobSpec(_message.Message):
-    __slots__ = ("job_id", "model", "backend", "mode", "alpha", "admission", "batch_size", "group_size", "redundancy", "max_steps", "grpo", "publish", "checkpoint", "prompts", "endpoints", "sampling", "seed", "device", "batch_timeout", "metrics_path", "options")
+    __slots__ = ("job_id", "model", "backend", "mode", "alpha", "admission", "batch_size", "group_size", "redundancy", "max_steps", "grpo", "publish", "checkpoint", "prompts", "endpoints", "sampling", "seed", "device", "batch_timeout", "metrics_path", "options", "parallel")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +234,7 @@ class TrainerJobSpec(_message.Message):
     BATCH_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     METRICS_PATH_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     model: str
     backend: TrainerBackend
@@ -247,7 +256,8 @@ class TrainerJobSpec(_message.Message):
     batch_timeout: _duration_pb2.Duration
     metrics_path: str
     options: _containers.ScalarMap[str, str]
-    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[_Union[TrainerBackend, str]] = ..., mode: _Optional[_Union[StepMode, str]] = ..., alpha: _Optional[int] = ..., admission: _Optional[_Union[_common_pb2.AdmissionPolicy, str]] = ..., batch_size: _Optional[int] = ..., group_size: _Optional[int] = ..., redundancy: _Optional[int] = ..., max_steps: _Optional[int] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., publish: _Optional[_Union[PublishConfig, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointConfig, _Mapping]] = ..., prompts: _Optional[_Union[PromptSource, _Mapping]] = ..., endpoints: _Optional[_Union[TrainerEndpoints, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., device: _Optional[str] = ..., batch_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., metrics_path: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    parallel: ParallelConfig
+    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[_Union[TrainerBackend, str]] = ..., mode: _Optional[_Union[StepMode, str]] = ..., alpha: _Optional[int] = ..., admission: _Optional[_Union[_common_pb2.AdmissionPolicy, str]] = ..., batch_size: _Optional[int] = ..., group_size: _Optional[int] = ..., redundancy: _Optional[int] = ..., max_steps: _Optional[int] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., publish: _Optional[_Union[PublishConfig, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointConfig, _Mapping]] = ..., prompts: _Optional[_Union[PromptSource, _Mapping]] = ..., endpoints: _Optional[_Union[TrainerEndpoints, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., device: _Optional[str] = ..., batch_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., metrics_path: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., parallel: _Optional[_Union[ParallelConfig, _Mapping]] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
     __slots__ = ("step", "version_trained", "version_produced", "samples", "groups", "reward_mean", "reward_std", "reward_min", "reward_max", "loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "learning_rate", "tokens_trained", "response_length_mean", "staleness_mean", "staleness_max", "rollout_tokens_per_s", "get_batch_time", "suspend_time", "update_time", "resume_time", "train_time", "publish_time", "step_time", "update_pause", "actor_versions", "admitted", "rejected", "started_at", "finished_at", "extra", "accounting", "accounting_total", "checkpoint_time")

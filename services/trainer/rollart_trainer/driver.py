@@ -1063,6 +1063,10 @@ def _make_backend(spec: T.TrainerJobSpec) -> Any:
 
     settings = GrpoSettings.from_job_spec(spec)
     kind = T.TrainerBackend.Name(spec.backend or T.TRAINER_BACKEND_TORCH)
+    parallel: dict[str, int] = {}
     if kind == "TRAINER_BACKEND_MEGATRON":
-        raise JobError("INVALID_ARGUMENT", "the Megatron backend is not available here (torch or fsdp2)")
-    return make_backend(kind, spec.model, settings, device=spec.device or None)
+        parallel = {
+            "tensor_parallel_size": spec.parallel.tensor_parallel_size or 1,
+            "pipeline_parallel_size": spec.parallel.pipeline_parallel_size or 1,
+        }
+    return make_backend(kind, spec.model, settings, device=spec.device or None, **parallel)
