@@ -18,7 +18,8 @@ declare -A APT_FOR=(
   [node]=nodejs                  # the Node.js interop client
   [npm]=npm
   [make]=make
-  [docker-compose]=docker-compose  # validates docker-compose.yml in the tests
+  [docker-compose]=docker-compose  # validates docker-compose.yml in the tests, runs `make compose-smoke`
+  [mmdebstrap]=mmdebstrap        # `make images` without a registry: local Debian base and redis images
 )
 missing=()
 for bin in "${!APT_FOR[@]}"; do
