@@ -47,7 +47,9 @@ def _state_dir(args: argparse.Namespace) -> Path:
 def health_status(address: str, service: str = "", timeout: float = 3.0, tls: TLSConfig | None = None) -> str:
     try:
         with cli_tls.sync_channel(address, tls) as ch:
-            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+            # types-grpcio-health-checking declares HealthStub without its methods.
+            stub = health_pb2_grpc.HealthStub(ch)
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)  # type: ignore[attr-defined]
             return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
     except grpc.RpcError as exc:
         return f"UNREACHABLE ({exc.code().name})"
@@ -181,8 +183,8 @@ def _print_table(what: str, rows: list[dict[str, Any]]) -> None:
         table.append(row)
     widths = [max(len(c), *(len(r[i]) for r in table)) if table else len(c) for i, c in enumerate(cols)]
     print("  ".join(c.upper().ljust(w) for c, w in zip(cols, widths)))
-    for r in table:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
+    for line in table:
+        print("  ".join(v.ljust(w) for v, w in zip(line, widths)))
     if not table:
         print(f"(no {what})")
 

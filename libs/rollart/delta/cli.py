@@ -217,9 +217,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"authenticated {info['authenticated']}\nh(v) {info['hash']}\nh(v-1) {info['base_hash'] or '(format 1: none)'}"
     )
     print("verified: every check apply runs on the delta itself" + (" and on --base" if base is not None else ""))
-    for what in info["not_checked"]:  # type: ignore[union-attr]
+    for what in info["not_checked"]:
         print(f"NOT checked: {what}")
-    tensors: list[dict[str, Any]] = info["tensors"]  # type: ignore[assignment]
+    tensors: list[dict[str, Any]] = info["tensors"]
     width = max((len(t["name"]) for t in tensors), default=4)
     print(f"{'tensor':<{width}}  {'dtype':<7} {'entries':>10} {'segments':>8} {'index_bytes':>11} {'B/entry':>7}")
     for t in tensors:
@@ -256,7 +256,7 @@ def _base_identity_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_subparsers(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def add_subparsers(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``delta`` (with encode, apply, inspect) on an argparse subparsers object."""
     delta = subparsers.add_parser("delta", help="sparse delta checkpoints: encode, apply, inspect")
     sub = delta.add_subparsers(dest="delta_command", metavar="{encode,apply,inspect}", required=True)

@@ -12,6 +12,7 @@ import hashlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -321,7 +322,7 @@ class DeltaWriter:
                 ic, index_stream = streams.code_index(index_stream)
                 vc, value_stream = streams.code_values(seg_vals)
             else:
-                ic, vc, value_stream = sg.CODING_RAW, sg.CODING_RAW, memoryview(seg_vals).cast("B")
+                ic, vc, value_stream = sg.CODING_RAW, sg.CODING_RAW, seg_vals.data.cast("B")
             parts.append(_Part(sg.LAYOUT_SPARSE, e - s, 0, ic, index_stream, vc, value_stream))
         return parts
 
@@ -808,9 +809,9 @@ def check_base(delta: Delta, target: WeightSet) -> bool:
     return True
 
 
-def _plan(delta: Delta, target: WeightSet, pm: ParamMap) -> list[tuple[np.ndarray, object, np.ndarray]]:
+def _plan(delta: Delta, target: WeightSet, pm: ParamMap) -> list[tuple[np.ndarray, np.ndarray | slice, np.ndarray]]:
     """Check the whole delta against the target and list (flat raw target, positions or slice, values) writes."""
-    plan: list[tuple[np.ndarray, object, np.ndarray]] = []
+    plan: list[tuple[np.ndarray, np.ndarray | slice, np.ndarray]] = []
     for td in delta.tensors.values():
         et = pm.engine(td.name)
         if et.dtype != td.dtype:
@@ -896,7 +897,7 @@ TARGET_CHECKS = (
 
 def inspect_delta(
     data: bytes | memoryview, key: bytes | None = None, base: WeightSet | None = None
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Verify a .dseg buffer with every check ``apply`` runs, and summarise it.
 
     The delta is decoded by the same code as :func:`decode_delta`; HMACs are verified only when ``key`` is
@@ -912,7 +913,7 @@ def inspect_delta(
             _plan(delta, base, param_map_for(delta, base))
     tensors = []
     index_bytes = value_bytes = dense = 0
-    segs = {}
+    segs: dict[str, dict[str, int]] = {}
     for raw in sg.split(data):
         s = sg.parse(raw, None)  # already verified above; read the per-segment sizes
         if s.is_trailer:

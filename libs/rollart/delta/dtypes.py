@@ -27,7 +27,7 @@ class DType:
         return _RAW[self.itemsize]
 
 
-_RAW = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+_RAW: dict[int, np.dtype] = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 
 _TABLE = [
     DType("BOOL", 1, 1, np.dtype("?")),

@@ -25,5 +25,5 @@ def weights_digest(arrays: Mapping[str, np.ndarray], dtypes: Mapping[str, str]) 
     for name in sorted(arrays):
         a = np.ascontiguousarray(arrays[name])
         h.update(f"{name}\0{dtypes[name]}\0{','.join(map(str, a.shape))}\0".encode())
-        h.update(memoryview(a).cast("B"))
+        h.update(a.data.cast("B"))
     return h.digest()

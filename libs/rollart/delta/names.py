@@ -22,7 +22,7 @@ from .errors import IncompatibleTargetError
 
 # (pattern over HF names, engine suffix, member order). Group 1 is the module prefix, group 2 the member,
 # group 3 the parameter kind (weight or bias).
-_FUSIONS = (
+_FUSIONS: tuple[tuple[re.Pattern[str], str, tuple[str, ...]], ...] = (
     (re.compile(r"^(.+\.self_attn)\.(q|k|v)_proj\.(weight|bias)$"), "qkv_proj", ("q", "k", "v")),
     (re.compile(r"^(.+\.mlp)\.(gate|up)_proj\.(weight|bias)$"), "gate_up_proj", ("gate", "up")),
 )

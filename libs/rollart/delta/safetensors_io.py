@@ -214,7 +214,7 @@ def save_safetensors(
                 if a.dtype.byteorder == ">":
                     a = a.astype(a.dtype.newbyteorder("<"))
                 if a.size:
-                    f.write(memoryview(a.reshape(-1).view(np.uint8)))
+                    f.write(a.reshape(-1).view(np.uint8).data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

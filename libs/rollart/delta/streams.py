@@ -63,10 +63,10 @@ def code_index(raw: bytes) -> tuple[int, bytes]:
 
 def code_values(values: np.ndarray) -> tuple[int, bytes | memoryview]:
     """(coding, stream) for values: Zstandard over byte planes only when strictly smaller than raw."""
-    z = _cctx().compress(byte_planes(values))
+    z = _cctx().compress(byte_planes(values).data)
     if len(z) < values.nbytes:
         return sg.CODING_ZSTD, z
-    return sg.CODING_RAW, memoryview(np.ascontiguousarray(values).reshape(-1)).cast("B")
+    return sg.CODING_RAW, np.ascontiguousarray(values).reshape(-1).data.cast("B")
 
 
 def _unzstd(stream: memoryview, lo: int, hi: int, what: str) -> np.ndarray:

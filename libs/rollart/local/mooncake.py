@@ -91,6 +91,8 @@ class MooncakeMaster:
         url = f"http://{self.host}:{self.metrics_port}/health"
         while time.monotonic() < deadline:
             if not self.alive():
+                if self.proc is None or self.proc.proc is None:
+                    raise ProcessError("mooncake_master: wait_ready() before start()")
                 raise ProcessError(
                     f"mooncake_master exited with code {self.proc.proc.returncode}; "
                     f"last lines of {self.log_path}:\n{_tail(self.log_path)}"

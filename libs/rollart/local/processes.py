@@ -88,6 +88,8 @@ class ManagedProcess:
             if self.ready_file.exists():
                 return json.loads(self.ready_file.read_text())
             if not self.alive():
+                if self.proc is None:
+                    raise ProcessError(f"{self.name}: wait_ready() before start()")
                 raise ProcessError(
                     f"{self.name} exited with code {self.proc.returncode} before it was ready; "
                     f"last lines of {self.log_path}:\n{_tail(self.log_path)}"
@@ -98,7 +100,7 @@ class ManagedProcess:
         )
 
     def signal(self, sig: int) -> None:
-        if self.alive():
+        if self.proc is not None and self.alive():
             os.killpg(self.proc.pid, sig)
 
     def kill(self) -> None:

@@ -257,11 +257,11 @@ async def abort(context: aio.ServicerContext, exc: BaseException) -> None:
     await context.abort(code, details, trailing_metadata=trailing)
 
 
-async def _through_unary(request: object, context: aio.ServicerContext, run):  # type: ignore[no-untyped-def]
+async def _through_unary(request: object, context: aio.ServicerContext, run):
     return await run()
 
 
-async def _through_stream(request: object, context: aio.ServicerContext, run):  # type: ignore[no-untyped-def]
+async def _through_stream(request: object, context: aio.ServicerContext, run):
     async for item in run():
         yield item
 
@@ -270,7 +270,7 @@ class StatusInterceptor(aio.ServerInterceptor):
     """Applies this mapping on a gRPC server not built by ``rollart.runtime.server.serve`` (whose telemetry
     interceptor already does), e.g. the publisher's standalone Relay endpoint."""
 
-    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):  # type: ignore[no-untyped-def]
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         from .handlers import wrap  # handlers imports this module
 
         handler = await continuation(details)

@@ -27,7 +27,10 @@ def _factory(handler: grpc.RpcMethodHandler) -> Callable[..., grpc.RpcMethodHand
 
 
 def _behavior(handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
-    return handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+    behavior = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+    if behavior is None:
+        raise TypeError("gRPC method handler has no behaviour to wrap")
+    return behavior
 
 
 class Malformed:
@@ -104,6 +107,7 @@ def wrap(
     """
     behavior = _behavior(handler)
     req_streaming = handler.request_streaming
+    new: Callable[[Any, aio.ServicerContext], Any]
     if handler.response_streaming:
 
         async def call_stream(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:

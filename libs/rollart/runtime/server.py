@@ -67,8 +67,10 @@ SERVER_OPTIONS = [
 def receive_limit(service: Any, cfg: ServiceConfig) -> int:
     """The service's maximum request size in bytes: ``max_receive_message_bytes`` from the configuration, else
     the service's own ``max_receive_message_bytes`` (sized to its largest legitimate request), else 4 MiB."""
-    configured = getattr(cfg, "max_receive_message_bytes", None)
-    return int(configured or getattr(service, "max_receive_message_bytes", DEFAULT_MAX_RECEIVE_BYTES))
+    configured: int | None = getattr(cfg, "max_receive_message_bytes", None)
+    if configured:
+        return int(configured)
+    return int(getattr(service, "max_receive_message_bytes", DEFAULT_MAX_RECEIVE_BYTES))
 
 
 class Service(Protocol):
@@ -76,8 +78,10 @@ class Service(Protocol):
 
     #: Short name, e.g. "resource-manager" (logs, metrics, traces).
     name: str
-    #: Fully-qualified gRPC service names it serves, e.g. ["rollart.v1.ResourceManager"].
-    service_names: Sequence[str]
+    #: Fully-qualified gRPC service names it serves, e.g. ["rollart.v1.ResourceManager"] (read-only here, so a
+    #: plain list attribute satisfies it).
+    @property
+    def service_names(self) -> Sequence[str]: ...
 
     def add_to_server(self, server: aio.Server) -> None: ...
 

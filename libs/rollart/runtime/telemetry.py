@@ -116,6 +116,8 @@ class JsonLinesSpanExporter(SpanExporter):
         lines = []
         for span in spans:
             ctx = span.get_span_context()
+            if ctx is None:  # every SDK span has one; without it there are no ids to write
+                raise ValueError(f"span {span.name!r} has no span context")
             lines.append(
                 json.dumps(
                     {
@@ -194,7 +196,7 @@ def trajectory_scope(trajectory_id: str) -> Iterator[None]:
         context.detach(token)
 
 
-def inject_metadata(metadata: list[tuple[str, str]]) -> None:
+def inject_metadata(metadata: list[tuple[str, str | bytes]]) -> None:
     """Add W3C traceparent/tracestate and baggage of the current context to outgoing gRPC metadata."""
     carrier: dict[str, str] = {}
     propagate.inject(carrier)

@@ -257,6 +257,8 @@ def _plan(desc: Descriptor, limits: Limits) -> dict[FieldDescriptor, tuple[int, 
     for fd in desc.fields:
         bound = limits.fields.get(fd.full_name)
         if _is_map(fd):
+            if fd.message_type is None:  # a map field's entry type is always set; never silently skip one
+                raise TypeError(f"{fd.full_name}: map field without an entry type")
             value_fd = fd.message_type.fields_by_name["value"]
             kind = _MAP_MSG if value_fd.type == FieldDescriptor.TYPE_MESSAGE else _MAP
             value_bound = limits.fields.get(value_fd.full_name) or limits.max_string_chars
@@ -279,7 +281,8 @@ def _plan(desc: Descriptor, limits: Limits) -> dict[FieldDescriptor, tuple[int, 
 def _walk(msg: Message, limits: Limits, depth: int) -> None:
     if depth > limits.max_depth:
         raise _Over("", f"nests messages deeper than {limits.max_depth}")
-    plan = _plan(msg.DESCRIPTOR, limits)
+    # The protobuf stub's DESCRIPTOR is a union with upb's Descriptor, the same class at runtime.
+    plan = _plan(msg.DESCRIPTOR, limits)  # type: ignore[arg-type]
     for fd, value in msg.ListFields():
         entry = plan.get(fd)
         if entry is None:

@@ -76,7 +76,7 @@ class Cluster:
         replicas: int = 1,
         role: str | None = None,
         preferred_pool: str = "",
-        preferred_kind: int = common_pb2.POOL_KIND_UNSPECIFIED,
+        preferred_kind: common_pb2.PoolKind = common_pb2.POOL_KIND_UNSPECIFIED,
         hardware_tags: tuple[str, ...] = (),
         allow_fallback: bool = True,
         tls: TLSConfig | None = None,

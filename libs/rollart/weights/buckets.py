@@ -255,7 +255,7 @@ def plan_layout(
     return specs, pos, buckets
 
 
-def _sha256(view: memoryview | np.ndarray) -> str:
+def _sha256(view: memoryview) -> str:
     return hashlib.sha256(view).hexdigest()  # releases the GIL: buckets hash in parallel threads
 
 
@@ -600,7 +600,7 @@ class BucketPublisher:
         t1 = time.perf_counter()
         epoch = secrets.token_hex(8)
         keys = bucket_keys(self.ns, version, epoch, len(ranges))
-        mv = memoryview(buf)
+        mv = buf.data
         # Hash on worker threads while the main thread writes: both only read the packed buffer.
         with ThreadPoolExecutor(self.hash_threads) as pool:
             hashes = [pool.submit(_sha256, mv[off : off + size]) for off, size in ranges]
@@ -899,7 +899,7 @@ class BucketReader:
                     raise self.client.fail(f"pulling bucket {b.key}", c)
                 raise WeightsIntegrityError(f"bucket {b.key}: read {c} bytes, the manifest says {b.size}")
         if verify:
-            mv = memoryview(buf)
+            mv = buf.data
             with ThreadPoolExecutor(self.hash_threads) as pool:
                 digests = list(pool.map(lambda b: _sha256(mv[b.offset : b.offset + b.size]), m.buckets))
             for b, d in zip(m.buckets, digests):
@@ -911,9 +911,9 @@ class BucketReader:
         arrays: dict[str, np.ndarray] = {}
         dtypes: dict[str, str] = {}
         for t in m.tensors:
-            d = dt.by_name(t.dtype)
-            arrays[t.name] = buf[t.offset : t.offset + t.nbytes].view(d.numpy).reshape(t.shape)
-            dtypes[t.name] = d.name
+            tdt = dt.by_name(t.dtype)
+            arrays[t.name] = buf[t.offset : t.offset + t.nbytes].view(tdt.numpy).reshape(t.shape)
+            dtypes[t.name] = tdt.name
         ws = WeightSet(
             arrays,
             dtypes,

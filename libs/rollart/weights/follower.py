@@ -41,7 +41,7 @@ class SourceFollower:
         self,
         *,
         subscriber_id: str,
-        kind: int,
+        kind: relay_pb2.RelaySubscriberKind,
         job: str,
         key: bytes,
         token: str | None,
@@ -198,7 +198,7 @@ class SourceFollower:
             self._pulls.clear()
             await ch.close(grace=None)
 
-    async def _events(self, watch) -> None:  # type: ignore[no-untyped-def]
+    async def _events(self, watch) -> None:
         async for ev in watch:
             kind = ev.WhichOneof("event")
             if kind == "version":

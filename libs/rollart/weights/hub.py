@@ -173,9 +173,9 @@ class VersionBuffer:
             source=self.source,
         )
         if self.first_at is not None:
-            msg.first_segment_at.CopyFrom(_ts(self.first_at))
+            msg.first_segment_at.CopyFrom(timeutil.timestamp(self.first_at))
         if self.completed_at is not None:
-            msg.completed_at.CopyFrom(_ts(self.completed_at))
+            msg.completed_at.CopyFrom(timeutil.timestamp(self.completed_at))
         return msg
 
 
@@ -185,9 +185,9 @@ class VersionBuffer:
 @dataclass
 class Subscriber:
     subscriber_id: str
-    kind: int
+    kind: relay_pb2.RelaySubscriberKind
     region: str = ""
-    mode: int = relay_pb2.DELIVERY_MODE_PULL
+    mode: relay_pb2.DeliveryMode = relay_pb2.DELIVERY_MODE_PULL
     endpoint: str = ""
     streams: int = 4
     control_endpoint: str = ""
@@ -328,7 +328,7 @@ class DeltaHub:
             with contextlib.suppress(Exception):
                 await t
 
-    def _spawn(self, coro) -> asyncio.Task:  # type: ignore[no-untyped-def]
+    def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -530,7 +530,7 @@ class DeltaHub:
             self._track(session, buf)
             self._spawn(self._feed(session, buf))
         index = hello.stream_index
-        return lambda conn: session.attach(index, conn)  # type: ignore[union-attr]
+        return lambda conn: session.attach(index, conn)
 
     async def _wait_version(self, version: int) -> VersionBuffer:
         deadline = time.monotonic() + self.pull_wait
@@ -683,7 +683,7 @@ class DeltaHub:
         while cur_v < to_version:
             nxt = by_base.get(cur_v)
             if nxt is None or nxt.version > to_version:
-                oldest = min((b.base_version for b in by_base.values()), default=None)
+                oldest = min(by_base, default=None)  # the keys are the cached deltas' base versions
                 raise HubError(
                     "OUT_OF_RANGE",
                     f"the delta based on version {cur_v} is not cached at {self.relay_id} (oldest cached base: "
@@ -722,7 +722,8 @@ class DeltaHub:
                 raise HubError("INVALID_ARGUMENT", f"receive_endpoint must be HOST:PORT, got {req.receive_endpoint!r}")
         sub = self.subscribers.get(req.subscriber_id)
         if sub is None:
-            sub = self.subscribers[req.subscriber_id] = Subscriber(req.subscriber_id, req.kind or 1)
+            kind = req.kind or relay_pb2.RELAY_SUBSCRIBER_KIND_ACTOR
+            sub = self.subscribers[req.subscriber_id] = Subscriber(req.subscriber_id, kind)
         sub.kind = req.kind or relay_pb2.RELAY_SUBSCRIBER_KIND_ACTOR
         sub.region = req.region
         sub.mode = relay_pb2.DELIVERY_MODE_PUSH if req.receive_endpoint else relay_pb2.DELIVERY_MODE_PULL
@@ -780,7 +781,7 @@ class DeltaHub:
     def emit(self, event: relay_pb2.RelayEvent, targets: frozenset[str] | None = None) -> relay_pb2.RelayEvent:
         self._event_seq += 1
         event.sequence = self._event_seq
-        event.at.CopyFrom(_ts(time.time()))
+        event.at.CopyFrom(timeutil.timestamp(time.time()))
         self._events.append((event, targets))
         for sid, queues in self._watchers.items():
             if targets is None or sid in targets:

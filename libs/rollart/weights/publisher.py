@@ -169,7 +169,7 @@ class Publisher:
                 self._prev.applied_hash = await asyncio.to_thread(weights_digest, self._prev.arrays, self._prev.dtypes)
         if self.grpc_listen:
             # Auth first, then the status mapping of what the Relay servicer raises.
-            interceptors = [TokenAuthInterceptor(self.token)] if self.token else []
+            interceptors: list[aio.ServerInterceptor] = [TokenAuthInterceptor(self.token)] if self.token else []
             interceptors.append(errors.StatusInterceptor())
             self._server = aio.server(
                 interceptors=interceptors,
@@ -344,7 +344,7 @@ class Publisher:
                 res.error = ""
                 break
             except (tp.TransportError, grpc.aio.AioRpcError, OSError) as exc:
-                res.error = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                res.error = (exc.details() or "") if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
                 log.warning("pushing v%d to relay %s failed: %s", version, relay, res.error)
         res.seconds = time.perf_counter() - t0
         return res

@@ -86,7 +86,7 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
                 raise errors.InvalidArgument("upstream", f"endpoint {errors.shorten(ep)} is not HOST:PORT")
         if up.streams < 0 or up.streams > 64:
             raise errors.InvalidArgument("upstream.streams", "must be 0..64")
-        return await self.set_upstream(up)  # type: ignore[misc]
+        return await self.set_upstream(up)
 
     async def PushSegments(self, request_iterator, context):  # noqa: N802
         accepted = duplicates = 0

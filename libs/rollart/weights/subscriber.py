@@ -101,7 +101,7 @@ class DeltaSource:
         tls: TLSConfig | None = None,
         reconnect_timeout: float = 3.0,
         idle_timeout: float = 30.0,
-        kind: int = relay_pb2.RELAY_SUBSCRIBER_KIND_ACTOR,
+        kind: relay_pb2.RelaySubscriberKind = relay_pb2.RELAY_SUBSCRIBER_KIND_ACTOR,
     ) -> None:
         self.subscriber_id = subscriber_id
         self.staging = staging
@@ -249,7 +249,7 @@ class WeightSubscriber:
         commit_timeout: float = 60.0,
         reconnect_timeout: float = 3.0,
         idle_timeout: float = 30.0,
-        kind: int = relay_pb2.RELAY_SUBSCRIBER_KIND_ACTOR,
+        kind: relay_pb2.RelaySubscriberKind = relay_pb2.RELAY_SUBSCRIBER_KIND_ACTOR,
     ) -> None:
         if engine is None:
             engine = LocalEngine(weights)

@@ -1116,7 +1116,9 @@ async def _open(session: _Session, endpoint: str, hello: Hello, key: bytes, dial
         return await dial(endpoint, hello.with_index(i, resume=False), key, timeout=dial_timeout)
 
     results = await asyncio.gather(*(one(i) for i in range(session.streams)), return_exceptions=True)
-    fatal = [r for r in results if isinstance(r, AuthenticationError | UnknownJobError | RefusedError | ProtocolError)]
+    fatal: list[BaseException] = [
+        r for r in results if isinstance(r, AuthenticationError | UnknownJobError | RefusedError | ProtocolError)
+    ]
     ok = [(i, r) for i, r in enumerate(results) if isinstance(r, Connection)]
     if fatal or not ok:
         for _, c in ok:
@@ -1125,7 +1127,7 @@ async def _open(session: _Session, endpoint: str, hello: Hello, key: bytes, dial
         err = (fatal or [r for r in results if isinstance(r, BaseException)])[0]
         if isinstance(err, OSError):
             raise TransportError(f"cannot reach {endpoint}: {err}") from err
-        raise err  # type: ignore[misc]
+        raise err
     for i, r in enumerate(results):
         if isinstance(r, Connection):
             session.attach(i, r)
