@@ -260,9 +260,9 @@ def _game_turn(rng: random.Random) -> tuple[str, str]:
         return "FrozenLake. Reach G without falling into a hole H.\n" + "\n".join(lake), rng.choice(
             ["left", "down", "right", "up"]
         )
-    board = [rng.choice("XO.") for _ in range(9)]  # TicTacToe
-    rows = "\n".join(" ".join(board[i : i + 3]) for i in range(0, 9, 3))
-    return f"TicTacToe. You play X.\n{rows}\nTurn {rng.randint(1, 9)} of 9.", str(rng.randint(0, 8))
+    cells = [rng.choice("XO.") for _ in range(9)]  # TicTacToe
+    grid = "\n".join(" ".join(cells[i : i + 3]) for i in range(0, 9, 3))
+    return f"TicTacToe. You play X.\n{grid}\nTurn {rng.randint(1, 9)} of 9.", str(rng.randint(0, 8))
 
 
 def render_chat(messages: list[dict[str, str]]) -> str:
@@ -524,7 +524,8 @@ def build_tiny_model(
     try:
         torch.manual_seed(seed)
         with torch.device("cpu"):
-            model = Qwen3ForCausalLM(config).to(torch.float32)
+            # transformers' decorated .to loses its bound self in the stubs.
+            model = Qwen3ForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]
         losses: list[float] = []
         if pretrain_steps > 0:
             losses = _pretrain(model, tokenizer, corpus, spec)

@@ -85,7 +85,8 @@ class FrozenLakeText:
         else:
             kwargs["map_name"] = str(options.get("map_name", "4x4"))
         self.env = gym.make("FrozenLake-v1", **kwargs)
-        self.desc = [[c.decode() for c in row] for row in self.env.unwrapped.desc]
+        # gymnasium types ``unwrapped`` as a plain Env; FrozenLake-v1's is a FrozenLakeEnv, which has ``desc``.
+        self.desc = [[c.decode() for c in row] for row in self.env.unwrapped.desc]  # type: ignore[attr-defined]
         self.ncol = len(self.desc[0])
         self.state = 0
 
@@ -212,7 +213,8 @@ def imitate(
     finally:
         torch.set_num_threads(prev)
     model.eval()
-    model.to(torch.bfloat16).save_pretrained(model_dir, safe_serialization=True)
+    # transformers' decorated .to loses its bound self in the stubs.
+    model.to(torch.bfloat16).save_pretrained(model_dir, safe_serialization=True)  # type: ignore[arg-type]
     return losses
 
 

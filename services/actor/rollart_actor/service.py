@@ -221,9 +221,9 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             await self.ledger.stop()
         if self.registration is not None:
             await self.registration.stop()
-        for t in list(self.engine.tracks.values()):
-            if t.task is not None:
-                t.task.cancel()
+        for track in list(self.engine.tracks.values()):
+            if track.task is not None:
+                track.task.cancel()
         self.engine.shutdown()
 
     def _spawn(self, coro: Any) -> asyncio.Task:

@@ -260,6 +260,8 @@ class HostWeights:
 
 
 class UpdatingEngine(Protocol):
+    version: int  # the active weights' version
+
     async def update_weights(
         self,
         payload: str,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from rollart.v1 import common_pb2, envmanager_pb2
 
 from .envs.info import EnvInfo
@@ -33,6 +35,10 @@ def reward_spec(info: EnvInfo) -> common_pb2.RewardSpec:
                                  scorer=info.reward_scorer)
 
 
+def _backend(name: str) -> envmanager_pb2.SandboxBackend:
+    return cast(envmanager_pb2.SandboxBackend, proto_number(name))  # a SandboxBackend number, typed int
+
+
 def env_info_to_proto(info: EnvInfo) -> envmanager_pb2.EnvironmentInfo:
     available, reason = info.availability()
     return envmanager_pb2.EnvironmentInfo(
@@ -41,8 +47,8 @@ def env_info_to_proto(info: EnvInfo) -> envmanager_pb2.EnvironmentInfo:
         description=info.description,
         multi_turn=info.multi_turn,
         default_max_turns=info.default_max_turns,
-        default_backend=proto_number(info.default_backend),
-        supported_backends=[proto_number(b) for b in info.supported_backends],
+        default_backend=_backend(info.default_backend),
+        supported_backends=[_backend(b) for b in info.supported_backends],
         default_reward=reward_spec(info),
         options=dict(info.options),
         available=available,

@@ -57,7 +57,7 @@ UNKNOWN_HASH = bytes(32)  # for a version the ledger does not know: settlement t
 class InfraFailure(Exception):
     """The episode failed for infrastructure reasons (not the agent's): reported with its cause."""
 
-    def __init__(self, cause: str, message: str, status: int = INFRA) -> None:
+    def __init__(self, cause: str, message: str, status: common_pb2.TrajectoryStatus = INFRA) -> None:
         super().__init__(f"[{cause}] {message}")
         self.cause = cause
         self.message = message
@@ -426,7 +426,8 @@ class EpisodeContext:
                 traj = common_pb2.Trajectory(trajectory_id=ep.trajectory_id, task=spec.task,
                                              prompt_token_ids=prompt.token_ids, started_at=ep.started_at)
                 context = list(prompt.token_ids)
-                end, obs_ids = "done", []
+                end = "done"
+                obs_ids: list[int] = []
                 while True:
                     remaining = (spec.max_context_tokens - len(context)) if spec.max_context_tokens else None
                     if remaining is not None and remaining <= 0:

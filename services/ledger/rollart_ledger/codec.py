@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from rollart.runtime import timeutil
 from rollart.v1 import common_pb2
@@ -49,14 +49,14 @@ def lease_from(h: dict[str, bytes], prompt: bytes, vhash: bytes) -> lp.Lease:
         holder=text(h["holder"]),
         issued_at=ts_ms(num(h, "iss")),
         expires_at=ts_ms(num(h, "exp")),
-        state=int(h["st"]),
+        state=cast(lp.LeaseState, int(h["st"])),
         attempt=int(num(h, "att")),
         assigned_actor_id=text(h.get("as", b"")),
         step=int(num(h, "step")),
         trajectory_id=text(h.get("traj", b"")),
-        rejection=int(num(h, "rej")),
-        cancel_reason=int(num(h, "can")),
-        release_reason=int(num(h, "rel")),
+        rejection=cast(lp.RejectionReason, int(num(h, "rej"))),
+        cancel_reason=cast(lp.CancelReason, int(num(h, "can"))),
+        release_reason=cast(lp.ReleaseReason, int(num(h, "rel"))),
     )
     if prompt:
         lease.prompt.ParseFromString(prompt)
@@ -70,7 +70,7 @@ def actor_from(h: dict[str, bytes], now_ms: float, timeout_ms: float) -> lp.Ledg
     if h.get("w"):
         a.weights.ParseFromString(h["w"])
     a.tau = num(h, "tau")
-    live = int(num(h, "live"))
+    live = cast(lp.ActorLiveness, int(num(h, "live")))
     hb = num(h, "hb")
     # Judged on read too, so an actor past its timeout shows as dead before the reaper runs.
     if live in (lp.ACTOR_LIVENESS_ALIVE, lp.ACTOR_LIVENESS_DRAINING) and hb + timeout_ms < now_ms:
@@ -92,7 +92,7 @@ def actor_info(actor: lp.LedgerActor) -> bytes:
     for f in ("weights", "registered_at", "last_heartbeat"):
         info.ClearField(f)
     info.tau = 0
-    info.liveness = 0
+    info.liveness = lp.ACTOR_LIVENESS_UNSPECIFIED
     info.in_flight_requests = 0
     info.settled_tokens = 0
     info.excluded_steps = 0
@@ -107,14 +107,15 @@ def command_from(entry_id: bytes | str, fields: dict[bytes, bytes]) -> lp.Ledger
         ids = text(fields.get(b"ids", b""))
         cmd = lp.LedgerCommand(
             cancel_leases=lp.CancelLeasesCommand(
-                lease_ids=[i for i in ids.split(",") if i], reason=int(fields.get(b"r", b"0"))
+                lease_ids=[i for i in ids.split(",") if i],
+                reason=cast(lp.CancelReason, int(fields.get(b"r", b"0"))),
             )
         )
     cmd.sequence = seq
     cmd.issued_at.CopyFrom(ts_ms(float(fields.get(b"ts", b"0"))))
     cmd.target = text(fields.get(b"t", b""))
     del cmd.kinds[:]
-    cmd.kinds.extend(int(x) for x in text(fields.get(b"k", b"")).split(",") if x)
+    cmd.kinds.extend(cast(lp.SubscriberKind, int(x)) for x in text(fields.get(b"k", b"")).split(",") if x)
     cmd.ack_required = fields.get(b"a") == b"1"
     return cmd
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import redis.asyncio as aioredis
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -90,7 +91,7 @@ def make_plan(
             weights=a.weights,
         )
     eligible: dict[str, bool] = {}  # actor -> needs Commit(v) first
-    excluded: dict[str, int] = {}
+    excluded: dict[str, lp.ExclusionReason] = {}
     for aid, view in views.items():
         reason, needs_commit = scheduling.classify(view, v, version.hash)
         if reason is None:
@@ -247,7 +248,8 @@ class StepPlanner:
         k_plan = self.k(f"plan:{step}")
         async with self.redis.pipeline(transaction=True) as pipe:
             await pipe.watch(self.k("cur"), self.k("actors"), k_plan, self.k("pol"), self.k("pol:next"))
-            existing = await pipe.get(k_plan)
+            # redis-py types replies as bytes | str; this client never decodes them (bytes).
+            existing = cast(bytes | None, await pipe.get(k_plan))
             if existing is not None:
                 plan = lp.StepPlan.FromString(existing)
                 if plan.version != v:
@@ -258,11 +260,11 @@ class StepPlanner:
                 raise precondition(f"step {step} is older than the current step {int(cur['step'])}")
             if cur and v < int(cur["v"]):
                 raise precondition(f"version {v} is older than the current version {int(cur['v'])}")
-            vblob = await pipe.hget(self.k("versions"), str(v))
+            vblob = cast(bytes | None, await pipe.hget(self.k("versions"), str(v)))
             if vblob is None:
                 raise precondition(f"version {v} is not registered")
             version = common_pb2.PolicyVersion.FromString(vblob)
-            ids = sorted(m.decode() for m in await pipe.smembers(self.k("actors")))
+            ids = sorted(m.decode() for m in cast(set[bytes], await pipe.smembers(self.k("actors"))))
             if ids:
                 await pipe.watch(*[self.k("a:" + a) for a in ids])
             raw = {aid: codec.hdict(await pipe.hgetall(self.k("a:" + aid))) for aid in ids}
@@ -299,7 +301,8 @@ class StepPlanner:
         needing = [al for al in plan.allocations if al.needs_commit]
         if needing:
             order_ids = [al.commit_order_id for al in needing]
-            states = dict(zip(order_ids, await self.redis.hmget(self.k("commit"), order_ids)))
+            replies = cast(list[bytes | None], await self.redis.hmget(self.k("commit"), order_ids))
+            states = dict(zip(order_ids, replies))
             pipe = self.redis.pipeline(transaction=False)
             for al in needing:
                 pipe.hget(self.k("a:" + al.actor_id), "w")
@@ -319,7 +322,7 @@ class StepPlanner:
             if cur is None:
                 raise LedgerError("NOT_FOUND", "no step has been planned yet")
             step = int(cur)
-        blob = await self.redis.get(self.k(f"plan:{step}"))
+        blob = cast(bytes | None, await self.redis.get(self.k(f"plan:{step}")))
         if blob is None:
             raise LedgerError("NOT_FOUND", f"step {step} was never planned")
         return await self.fill_commits(lp.StepPlan.FromString(blob))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import cast
 
 from google.protobuf.duration_pb2 import Duration
 
@@ -101,7 +102,7 @@ def fill(policy: lp.JobPolicy, job_id: str) -> lp.JobPolicy:
         )
 
     d = DEFAULTS
-    p.admission = p.admission or int(d["adm"])
+    p.admission = p.admission or cast(common_pb2.AdmissionPolicy, int(d["adm"]))
     p.group_size = p.group_size or int(d["G"])
     p.lease_ttl_multiplier = p.lease_ttl_multiplier or d["mult"]
     for name, key in (

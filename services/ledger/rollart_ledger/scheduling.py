@@ -33,7 +33,7 @@ def has_staged(weights: common_pb2.ActorWeightState, version: int, version_hash:
     return False
 
 
-def classify(a: ActorView, version: int, version_hash: bytes) -> tuple[int | None, bool]:
+def classify(a: ActorView, version: int, version_hash: bytes) -> tuple[lp.ExclusionReason | None, bool]:
     """(exclusion reason or None when eligible, needs Commit(v) first)."""
     if not a.alive:
         return EX.EXCLUSION_REASON_DEAD, False

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -197,7 +197,12 @@ class Proxy:
                 poll=False,
             )
         for r in cfg.affinity:
-            kind = {"gpu-compute": 1, "gpu-bandwidth": 2, "cpu": 3, "serverless": 4}.get(r.pool_kind, 0)
+            kind = {
+                "gpu-compute": common_pb2.POOL_KIND_GPU_COMPUTE,
+                "gpu-bandwidth": common_pb2.POOL_KIND_GPU_BANDWIDTH,
+                "cpu": common_pb2.POOL_KIND_CPU,
+                "serverless": common_pb2.POOL_KIND_SERVERLESS,
+            }.get(r.pool_kind, common_pb2.POOL_KIND_UNSPECIFIED)
             rule = lp.AffinityRule(
                 task=r.task,
                 pool=r.pool,
@@ -245,7 +250,7 @@ class Proxy:
         pool: str = "",
         region: str = "",
         hardware: common_pb2.Hardware | None = None,
-        pd_role: int = common_pb2.PD_ROLE_UNSPECIFIED,
+        pd_role: common_pb2.PdRole = common_pb2.PD_ROLE_UNSPECIFIED,
         static: bool = False,
         from_rm: bool = False,
         binding_ids: set[str] | None = None,
@@ -575,7 +580,9 @@ class Proxy:
 
     # ---------------------------------------------------------------------------------------------- abort
 
-    def abort(self, trajectory_ids: list[str], reason: str = "", lease_ids: list[str] = ()) -> lp.ProxyAbortResponse:
+    def abort(
+        self, trajectory_ids: list[str], reason: str = "", lease_ids: Sequence[str] = ()
+    ) -> lp.ProxyAbortResponse:
         hit: list[Turn] = []
         for tid in trajectory_ids:
             hit.extend(self.by_trajectory.get(tid, ()))
@@ -699,7 +706,7 @@ class Proxy:
 
     async def generate(
         self, req: lp.TrajectoryGenerateRequest, time_remaining: float | None = None
-    ) -> AsyncIterator[lp.TrajectoryGenerateResponse]:
+    ) -> AsyncGenerator[lp.TrajectoryGenerateResponse, None]:
         """The turn's responses; raises TurnError for a failed turn (see the module docstring)."""
         received = time.monotonic()
         self.validate(req)

@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from contextlib import aclosing
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import grpc
 from aiohttp import web
@@ -283,9 +283,10 @@ class OpenAIServer:
         if isinstance(p, str):
             inp = common_pb2.ModelInput(text=p)
         else:
-            if not p or min(p) < 0:
+            ids = cast(list[int], p)  # token ids: a batch of one prompt was unwrapped above
+            if not ids or min(ids) < 0:
                 raise HttpError(400, "prompt token ids must be a non-empty list of ids >= 0")
-            inp = common_pb2.ModelInput(token_ids=p)
+            inp = common_pb2.ModelInput(token_ids=ids)
         if not (inp.text or inp.token_ids):
             raise HttpError(400, "prompt must not be empty")
         req = self._turn_request(request, body, inp, body.max_tokens or 16)
@@ -504,7 +505,7 @@ class _Accumulator:
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish}
-        out = {
+        out: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",
             "created": self.created,

@@ -51,8 +51,8 @@ class ActorEntry:
     pool: str = ""
     region: str = ""
     hardware: common_pb2.Hardware = field(default_factory=common_pb2.Hardware)
-    pd_role: int = common_pb2.PD_ROLE_UNIFIED
-    state: int = HEALTHY
+    pd_role: common_pb2.PdRole = common_pb2.PD_ROLE_UNIFIED
+    state: lp.ProxyActorState = HEALTHY
     # Where it was learned from: AddActor/config, and/or the resource manager.
     static: bool = False
     from_rm: bool = False
@@ -101,7 +101,7 @@ class Rule:
     task: str
     pool: str = ""
     binding_id: str = ""
-    pool_kind: int = 0
+    pool_kind: common_pb2.PoolKind = common_pb2.POOL_KIND_UNSPECIFIED
     hardware_tags: tuple[str, ...] = ()
     allow_fallback: bool = True
 
@@ -142,7 +142,7 @@ def check_pattern(pattern: str) -> str | None:
 
 @dataclass
 class PoolInfo:
-    kind: int = 0
+    kind: common_pb2.PoolKind = common_pb2.POOL_KIND_UNSPECIFIED
     fallback_pools: tuple[str, ...] = ()
     up: bool = True
 
@@ -150,7 +150,7 @@ class PoolInfo:
 @dataclass
 class Route:
     actor: ActorEntry
-    reason: int
+    reason: lp.RouteReason
     # The pool's PD split when the actor's pool routes through PD (the caller decides by prompt length).
     pd: lp.PdPoolConfig | None = None
 

@@ -133,7 +133,7 @@ class RelayService:
         done = self.hub.complete_versions()
         return bool(done), (done[-1] if done else 0), done
 
-    async def _on_commit(self, order) -> None:  # type: ignore[no-untyped-def]
+    async def _on_commit(self, order) -> None:
         self.hub.commit(order)  # re-emitted to this relay's subscribers (idempotent per order_id)
 
     def _refresh_upstream(self) -> None:

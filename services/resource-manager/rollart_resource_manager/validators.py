@@ -6,7 +6,7 @@ or list: hardware, regions, labels, TTLs and load reports are bounded here befor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from rollart.runtime import ids
 from rollart.runtime import validation as v
@@ -32,7 +32,7 @@ def hardware(field: str, hw: common_pb2.Hardware) -> None:
     tags(f"{field}.tags", hw.tags)
 
 
-def tags(field: str, values: list[str]) -> None:
+def tags(field: str, values: Sequence[str]) -> None:
     v.items(field, values, MAX_TAGS)
     for i, tag in enumerate(values):
         v.text(f"{field}[{i}]", tag, MAX_TAG_CHARS, required=True)

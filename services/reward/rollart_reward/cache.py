@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from typing import cast
 
 from rollart.v1 import reward_pb2
 
@@ -51,7 +52,7 @@ class ResultCache:
             self._lru.move_to_end(tid)
         elif self._redis is not None:
             try:
-                data = await self._redis.get(self._prefix + tid)
+                data = cast(bytes | None, await self._redis.get(self._prefix + tid))  # replies are not decoded
             except Exception as exc:  # noqa: BLE001 - Redis trouble: the local LRU still answers
                 log.warning("redis cache read failed: %s", exc)
                 data = None
@@ -67,7 +68,7 @@ class ResultCache:
                 # SET NX: among replicas scoring the same trajectory, the first answer wins everywhere.
                 stored = await self._redis.set(self._prefix + tid, data, nx=True, ex=self._ttl)
                 if not stored:
-                    existing = await self._redis.get(self._prefix + tid)
+                    existing = cast(bytes | None, await self._redis.get(self._prefix + tid))
                     if existing is not None:
                         data = existing
             except Exception as exc:  # noqa: BLE001

@@ -132,7 +132,7 @@ class WorkerProcess:
 @dataclass
 class Worker:
     worker_id: str
-    state: int = WS.REWARD_WORKER_STATE_STARTING
+    state: reward_pb2.RewardWorkerState = WS.REWARD_WORKER_STATE_STARTING
     proc: WorkerProcess | None = None
     started_at: float = field(default_factory=time.time)
     last_active: float = field(default_factory=time.time)
@@ -341,7 +341,7 @@ class ElasticPool:
         t0 = time.monotonic()
         try:
             w.proc = await WorkerProcess.spawn([sys.executable, "-m", "rollart_reward.worker"], self._env)
-            msg = await asyncio.wait_for(read_frame(w.proc.stdout), self.s.start_timeout)  # type: ignore[arg-type]
+            msg = await asyncio.wait_for(read_frame(w.proc.stdout), self.s.start_timeout)
             if msg is None or msg.get("op") != "ready":
                 raise FrameError(f"worker said {msg!r} instead of ready")
         except asyncio.CancelledError:

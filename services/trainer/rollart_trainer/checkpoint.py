@@ -32,6 +32,7 @@ bf16 weights as the base of the next delta. Two orders work:
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import logging
@@ -43,7 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -93,7 +94,7 @@ class CheckpointRecord:
     created_ns: int
     bytes: int
     includes_optimizer: bool
-    manifest_sha256: bytes
+    manifest_sha256: builtins.bytes  # the field above shadows the name in this class body
     files: dict[str, dict[str, Any]]
 
     @property
@@ -128,7 +129,8 @@ class CheckpointRecord:
 
 def capture_rng() -> dict[str, Any]:
     """Every RNG the trainer may draw from, in a form ``torch.load(weights_only=True)`` accepts."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    # numpy's stub picks the dict overload for a bare call; legacy=True, the default, returns this tuple.
+    name, keys, pos, has_gauss, cached = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
@@ -246,7 +248,7 @@ class CheckpointManager:
         state_raw = json.dumps(asdict(state), indent=2, sort_keys=True).encode()
         _write_bytes(tmp / STATE_FILE, state_raw)
         self._hook("state")
-        files = {
+        files: dict[str, dict[str, Any]] = {
             p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
             for p in sorted(tmp.iterdir())
             if p.name != MANIFEST

@@ -122,7 +122,7 @@ class Settings:
     job_id: str
     mode: int
     alpha: int
-    admission: int
+    admission: common_pb2.AdmissionPolicy
     batch_size: int
     group_size: int
     redundancy: int
@@ -283,7 +283,7 @@ class JobRunner:
     def root(self) -> Path:
         return Path(self.cfg.work_dir) / "jobs" / self.spec.job_id
 
-    def _set_state(self, state: int, error: str = "") -> None:
+    def _set_state(self, state: T.TrainerJobState, error: str = "") -> None:
         self.job.state = state
         if error:
             self.job.error = error
@@ -292,7 +292,7 @@ class JobRunner:
         snap.CopyFrom(self.job)
         self.emit(T.TrainerEvent(at=_ts(), job=snap))
 
-    def _phase(self, step: int, phase: int) -> None:
+    def _phase(self, step: int, phase: T.StepPhase) -> None:
         self.job.current_step = step
         self.job.phase = phase
         self.emit(T.TrainerEvent(at=_ts(), phase=T.StepPhaseChange(step=step, phase=phase)))

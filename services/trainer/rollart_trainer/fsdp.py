@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from .grpo import GrpoSettings, TokenLogprobs, TokenStream, TorchBackend, TrainBatch
@@ -84,7 +84,7 @@ class FSDP2Backend(TorchBackend):
         super().__init__(policy, settings)
 
     @classmethod
-    def from_pretrained(  # type: ignore[override]
+    def from_pretrained(
         cls, path: Any, settings: GrpoSettings | None = None, device: str | torch.device | None = None, **kwargs: Any
     ) -> FSDP2Backend:
         dev = init_distributed(None if device is None else str(device))
@@ -124,7 +124,7 @@ class FSDP2Backend(TorchBackend):
         return int(n.item())
 
     def _before_micro_batch(self, index: int, count: int) -> None:
-        self.net.set_requires_gradient_sync(index == count - 1)
+        cast(FSDPModule, self.net).set_requires_gradient_sync(index == count - 1)  # fully_shard made it one
 
     def _loss_scale(self) -> float:
         return float(self.world)

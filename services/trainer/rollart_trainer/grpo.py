@@ -39,7 +39,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -48,6 +48,9 @@ from torch import nn
 from rollart.delta import WeightSet
 
 from .policy import BF16, Policy
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -450,7 +453,8 @@ class TokenLogprobs(nn.Module):
 
     def __init__(self, lm: nn.Module) -> None:
         super().__init__()
-        self.lm = lm
+        # A transformers causal LM: nn.Module's types know neither get_decoder nor get_output_embeddings.
+        self.lm = cast("PreTrainedModel", lm)
 
     def forward(
         self,

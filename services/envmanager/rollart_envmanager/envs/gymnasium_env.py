@@ -57,7 +57,8 @@ class FrozenLakeTextEnv(Env):
             if kwargs["map_name"] not in ("4x4", "8x8"):
                 raise EnvConfigError("map_name must be 4x4 or 8x8")
         self.env = gym.make("FrozenLake-v1", **kwargs)
-        self.desc = [[c.decode() for c in row] for row in self.env.unwrapped.desc]
+        # gymnasium types ``unwrapped`` as a plain Env; FrozenLake-v1's is a FrozenLakeEnv, which has ``desc``.
+        self.desc = [[c.decode() for c in row] for row in self.env.unwrapped.desc]  # type: ignore[attr-defined]
         self.ncol = len(self.desc[0])
         self.state = 0
 

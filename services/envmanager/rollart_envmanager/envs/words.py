@@ -45,7 +45,7 @@ def prepare_offline_words() -> str:
 
         if root not in nltk.data.path:
             nltk.data.path.insert(0, root)
-        nltk.download = _no_download  # type: ignore[assignment]
+        nltk.download = _no_download
         _done = root
         return root
 

@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import IO, cast
 
 
 @dataclass
@@ -113,7 +114,7 @@ def run(
                         pending = pending[:0]
                     if not len(pending):
                         sel.unregister(key.fileobj)
-                        key.fileobj.close()
+                        cast(IO[bytes], key.fileobj).close()  # registered: the process's pipes
                     continue
                 chunk = os.read(key.fd, 65536)
                 if chunk:
@@ -133,7 +134,7 @@ def run(
     finally:
         for key in list(sel.get_map().values()):
             try:
-                key.fileobj.close()
+                cast(IO[bytes], key.fileobj).close()
             except OSError:
                 pass
         sel.close()

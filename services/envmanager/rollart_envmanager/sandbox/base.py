@@ -20,7 +20,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import IO, Any
+from typing import IO, Any, Self
 
 from rollart.runtime import timeutil
 
@@ -252,7 +252,7 @@ class Sandbox(ABC):
         self.failure: SandboxFailure | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
-    def start(self) -> Sandbox:
+    def start(self) -> Self:
         if self.closed:
             raise SandboxFailure(FailureCause.CLOSED, f"sandbox {self.id} is closed", backend=self.backend)
         if not self.started:

@@ -485,9 +485,9 @@ class DockerSandbox(Sandbox):
                 )
         sig = -rc if rc < 0 else (rc - 128 if 128 < rc < 160 else 0)
         if sig:
-            cause = classify_signal(sig)
-            if cause is not None:
-                raise self._fail(cause, f"{argv[0]!r} was killed by {signal_name(sig)}", signal=sig)
+            killed_by = classify_signal(sig)
+            if killed_by is not None:
+                raise self._fail(killed_by, f"{argv[0]!r} was killed by {signal_name(sig)}", signal=sig)
         if rc != 0 and b"I/O error" in stderr[-4096:] and self._workspace_full():
             # busybox reports a full tmpfs as a plain I/O error
             tail = stderr[-200:].decode(errors="replace")

@@ -21,7 +21,7 @@ from ..sandbox import SandboxLimits
 from .base import InvalidRequest, Verdict
 
 SK = common_pb2.ScorerKind
-KIND_NAMES: dict[int, str] = {
+KIND_NAMES: dict[common_pb2.ScorerKind, str] = {
     SK.SCORER_KIND_MATH: "math",
     SK.SCORER_KIND_REASONING_GYM: "reasoning_gym",
     SK.SCORER_KIND_CODE: "code",
@@ -87,24 +87,24 @@ def run(
 ) -> Verdict:
     """Run a pool scorer (inside a worker process)."""
     if kind == "math":
-        from . import math as scorer
+        from . import math as math_scorer
 
-        return scorer.score(traj, options, budget)
+        return math_scorer.score(traj, options, budget)
     if kind == "reasoning_gym":
-        from . import reasoning_gym as scorer
+        from . import reasoning_gym as reasoning_gym_scorer
 
-        return scorer.score(traj, name, options, budget)
+        return reasoning_gym_scorer.score(traj, name, options, budget)
     if kind == "code":
-        from . import code as scorer
+        from . import code as code_scorer
 
-        return scorer.score(traj, options, budget, ctx.sandbox)
+        return code_scorer.score(traj, options, budget, ctx.sandbox)
     if kind == "custom":
-        from . import custom as scorer
+        from . import custom as custom_scorer
 
         target = ctx.custom_scorers.get(name)
         if target is None:
             raise InvalidRequest(f"no custom scorer named {name!r} is registered")
-        return scorer.score(traj, target, options)
+        return custom_scorer.score(traj, target, options)
     raise InvalidRequest(f"scorer kind {kind!r} does not run in the worker pool")
 
 

@@ -142,7 +142,7 @@ class MegatronBackend(TorchBackend):
         self.optimizer_steps = 0
 
     @classmethod
-    def from_pretrained(  # type: ignore[override]
+    def from_pretrained(
         cls,
         path: Any,
         settings: GrpoSettings | None = None,

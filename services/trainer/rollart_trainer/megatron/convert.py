@@ -49,7 +49,7 @@ class Qwen3Layout:
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any] | Any) -> Qwen3Layout:
         """From a ``config.json`` dict or a transformers config. Raises :class:`UnsupportedModel`."""
-        get: Callable[[str, Any], Any] = (
+        get: Callable[..., Any] = (
             (lambda k, d=None: cfg.get(k, d)) if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
         )
         model_type = get("model_type", "")

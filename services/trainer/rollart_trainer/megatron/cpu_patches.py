@@ -29,7 +29,7 @@ def apply() -> bool:
     #    say where to allocate (``device=torch.cuda.current_device()``: the attention score buffer of
     #    ``GlobalMemoryBuffer``, the RoPE frequencies, parallel_state's small collectives); on a CPU-only
     #    machine the answer is the CPU.
-    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[return-value]  # typed int; used as a device
 
     # 2. The CUDA RNG tracker's ``fork()`` swaps the *CUDA* generator's state around every tensor-parallel
     #    region (dropout and weight initialisation inside column/row-parallel layers). On CPU there is no
@@ -39,10 +39,10 @@ def apply() -> bool:
     def _fork(self: Any, name: str = mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME) -> Iterator[None]:
         yield
 
-    mrandom.CudaRNGStatesTracker.fork = _fork  # type: ignore[method-assign]
+    mrandom.CudaRNGStatesTracker.fork = _fork
 
     # 3. ``CudaRNGStatesTracker.add`` seeds a CUDA generator (``torch.cuda.manual_seed``) when
     #    ``model_parallel_cuda_manual_seed`` sets up the tracker; with (2) nothing reads those states.
-    mrandom.CudaRNGStatesTracker.add = lambda self, name, seed: self.states_.__setitem__(name, seed)  # type: ignore[method-assign]
+    mrandom.CudaRNGStatesTracker.add = lambda self, name, seed: self.states_.__setitem__(name, seed)
     _applied = True
     return True
