@@ -41,7 +41,7 @@ from rollart.runtime.client import channel
 from rollart.v1 import envmanager_pb2, envmanager_pb2_grpc, ledger_pb2, ledger_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 from .metrics import read_records, time_to_score
-from .spec import SpecError, environment_spec, job_spec, load_job_file, model_dir_digest
+from .spec import SpecError, apply_overrides, environment_spec, job_spec, load_job_file, model_dir_digest
 from .timeline import plot_timeline
 
 T = trainer_pb2
@@ -71,6 +71,7 @@ class RunOptions:
     restart: list[str] | None = None  # services the supervisor restarts (None: every one)
     quiet: bool = False
     service_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    overrides: list[str] = field(default_factory=list)  # --set KEY=VALUE, applied to the job file
 
 
 def _section(data: dict[str, Any], name: str) -> dict[str, Any]:
@@ -608,7 +609,7 @@ class Runner:
 
 
 def run(opts: RunOptions, log: TextIO = sys.stderr) -> int:
-    data = load_job_file(opts.job_file)
+    data = apply_overrides(load_job_file(opts.job_file), opts.overrides)
     run_section = _section(data, "run")
     cluster = _section(data, "cluster")
     opts.actors = int(cluster.get("actors", opts.actors))
@@ -656,7 +657,11 @@ def run(opts: RunOptions, log: TextIO = sys.stderr) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     data_out = args.out
     if data_out is None:
-        data = load_job_file(args.job_file)
+        try:
+            data = apply_overrides(load_job_file(args.job_file), args.set or [])
+        except SpecError as exc:
+            print(f"rollart run: {exc}", file=sys.stderr)
+            return 2
         default = _section(data, "run").get("out_dir") or f"runs/{Path(args.job_file).stem}"
         data_out = Path(default)
     opts = RunOptions(
@@ -666,6 +671,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         fresh=not args.resume,
         min_improvement=args.min_improvement or 0.0,
         quiet=args.quiet,
+        overrides=list(args.set or []),
     )
     if args.actors:
         opts.actors = args.actors
@@ -687,4 +693,10 @@ def add_subparsers(sub: Any) -> None:
         "--min-improvement", type=float, help="exit 1 unless reward(last 10 steps) >= this x reward(first 10)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a job-file field (repeatable; dotted path, YAML value), e.g. --set job.backend=megatron",
+    )
     p.set_defaults(func=cmd_run)

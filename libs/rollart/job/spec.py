@@ -15,7 +15,7 @@ Only ``job`` matters to the trainer; everything here is torch-free (the CLI and 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +164,70 @@ def model_dir_digest(path: str | Path) -> bytes:
         arrays.update(ws.arrays)
         dtypes.update(ws.dtypes)
     return weights_digest(arrays, dtypes)
+
+
+_SECTIONS = {"job": trainer_pb2.TrainerJobSpec, "environment": envmanager_pb2.EnvironmentSpec}
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """``rollart run --set KEY=VALUE``: set one job-file field per override (dotted path, YAML value).
+
+    ``job.*`` and ``environment.*`` keys must name fields of their proto (any key below a map field, e.g.
+    ``job.options.grpo.temperature``); ``loops`` and the free-form ``model``, ``cluster`` and ``run`` sections
+    take any key below them. The result is checked like a job file, so a bad value is a ``SpecError`` here.
+    """
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise SpecError(f"--set {item!r}: expected KEY=VALUE, e.g. job.backend=megatron")
+        parts = key.split(".")
+        if parts[0] not in ("job", "environment", "loops", "model", "cluster", "run"):
+            raise SpecError(f"--set {key}: unknown section {parts[0]!r} (job, environment, loops, model, cluster, run)")
+        if (parts[0] == "loops") != (len(parts) == 1) or any(not p for p in parts):
+            raise SpecError(f"--set {key}: not a field path")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise SpecError(f"--set {key}: value is not valid YAML: {exc}") from None
+        desc = _SECTIONS[parts[0]].DESCRIPTOR if parts[0] in _SECTIONS else None
+        target: dict[str, Any] = data
+        if len(parts) > 1:
+            section = data.get(parts[0])
+            if section is None:
+                section = data[parts[0]] = {}
+            if not isinstance(section, dict):
+                raise SpecError(f"--set {key}: the {parts[0]} section is not a mapping")
+            target, parts = section, parts[1:]
+        i = 0
+        while i < len(parts) - 1:
+            part, where = parts[i], ".".join(parts[: i + 1])
+            fd = desc.fields_by_name.get(part) if desc is not None else None
+            if desc is not None and fd is None:
+                raise SpecError(f"--set {key}: unknown key {where} (known: {', '.join(sorted(desc.fields_by_name))})")
+            if desc is not None and (fd is None or fd.message_type is None):
+                raise SpecError(f"--set {key}: {where} is a value, not a section")
+            nxt = target.get(part)
+            if nxt is None:
+                nxt = target[part] = {}
+            if not isinstance(nxt, dict):
+                raise SpecError(f"--set {key}: {where} is a value, not a section")
+            target = nxt
+            if fd is not None and fd.message_type.GetOptions().map_entry:
+                parts = [*parts[: i + 1], ".".join(parts[i + 1 :])]  # the rest is one map key
+                desc = None
+                break
+            desc = fd.message_type if fd is not None else None
+            i += 1
+        if desc is not None and parts[-1] not in desc.fields_by_name:
+            raise SpecError(f"--set {key}: unknown key (known: {', '.join(sorted(desc.fields_by_name))})")
+        target[parts[-1]] = value
+    if overrides:
+        try:
+            job_spec(data.get("job") or {})
+            environment_spec(data.get("environment") or {})
+        except SpecError as exc:
+            raise SpecError(f"--set: {exc}") from None
+        if not isinstance(data.get("loops", 1), int):
+            raise SpecError(f"--set loops: expected an integer, got {data['loops']!r}")
+    return data

@@ -7,6 +7,7 @@ model name, sizes out of range) is refused with INVALID_ARGUMENT naming the fiel
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -21,7 +22,13 @@ HF_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-
 # HOST:PORT, or a gRPC target such as dns:///ledger:50052 or unix:/run/ledger.sock.
 ADDRESS_RE = re.compile(r"^(?=.*:)[A-Za-z0-9._\-\[\]:/@%+~]{3,512}$")
 DTYPES = ("", "float32", "bfloat16", "float16")
-BACKENDS = (T.TRAINER_BACKEND_UNSPECIFIED, T.TRAINER_BACKEND_TORCH, T.TRAINER_BACKEND_FSDP2)
+BACKENDS = (
+    T.TRAINER_BACKEND_UNSPECIFIED,
+    T.TRAINER_BACKEND_TORCH,
+    T.TRAINER_BACKEND_FSDP2,
+    T.TRAINER_BACKEND_MEGATRON,
+)
+MAX_PARALLEL = 1024
 MAX_PATH_CHARS = 1024
 MAX_BATCH = 1_000_000  # the ledger's bounds
 MAX_GROUP = 4096
@@ -82,6 +89,51 @@ def _publish(pub: T.PublishConfig) -> None:
         v.integer(p + "max_segment_bytes", pub.max_segment_bytes, 4096, MAX_SEGMENT_BYTES)
 
 
+def megatron_available() -> bool:
+    """megatron-core importable (the trainer's ``megatron`` extra), found without importing it."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _parallel(spec: T.TrainerJobSpec) -> None:
+    """The model-parallel layout: only the Megatron backend splits a model, and only in ways the model allows."""
+    import os
+
+    p = "spec.parallel."
+    tp = v.integer(p + "tensor_parallel_size", spec.parallel.tensor_parallel_size, 0, MAX_PARALLEL) or 1
+    pp = v.integer(p + "pipeline_parallel_size", spec.parallel.pipeline_parallel_size, 0, MAX_PARALLEL) or 1
+    if spec.backend != T.TRAINER_BACKEND_MEGATRON:
+        if tp > 1 or pp > 1:
+            raise errors.InvalidArgument(p + "tensor_parallel_size", "model parallelism needs backend megatron")
+        return
+    if not megatron_available():
+        raise errors.InvalidArgument(
+            "spec.backend", "megatron-core is not installed (pip install 'rollart-trainer[megatron]')"
+        )
+    from .megatron.convert import Qwen3Layout, UnsupportedModel
+
+    config = Path(spec.model).expanduser() / "config.json"
+    if not config.is_file():
+        raise errors.InvalidArgument("spec.model", "the Megatron backend needs a local checkpoint directory")
+    try:
+        layout = Qwen3Layout.from_hf_config(json.loads(config.read_text()))
+    except (UnsupportedModel, ValueError, TypeError, KeyError) as exc:
+        raise errors.InvalidArgument("spec.model", f"not convertible to Megatron: {errors.shorten(str(exc))}") from None
+    for which, why in layout.parallel_errors(tp, pp):
+        raise errors.InvalidArgument(p + which, why)
+    if pp > 1:
+        raise errors.InvalidArgument(p + "pipeline_parallel_size", "pipeline parallelism is not implemented yet (1)")
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if tp * pp != world:
+        raise errors.InvalidArgument(
+            p + "tensor_parallel_size", f"{tp} x {pp} ranks needed, the trainer runs {world} (torchrun's world size)"
+        )
+
+
 def _sampling(s: common_pb2.SamplingParams) -> None:
     p = "spec.sampling."
     v.number(p + "temperature", s.temperature, 0.0, 100.0)
@@ -132,6 +184,7 @@ def check_spec(spec: T.TrainerJobSpec) -> None:
         raise errors.InvalidArgument("spec.batch_timeout", "must be > 0")
     v.text("spec.metrics_path", spec.metrics_path, MAX_PATH_CHARS)
     v.mapping("spec.options", spec.options, 256)
+    _parallel(spec)
     # The GRPO settings as the backend will build them (options such as grpo.temperature included).
     from .grpo import GrpoSettings
 

@@ -133,7 +133,8 @@ NEVER_RUN = [
     # (spec changes, the field the error must name)
     ({"device": "fz-1"}, "spec.device"),
     ({"backend": 999}, "spec.backend"),
-    ({"backend": "megatron"}, "spec.backend"),
+    ({"backend": "megatron"}, "spec.model"),  # config.json {} is no model the Megatron converter knows
+    ({"parallel": {"tensor_parallel_size": 2}}, "spec.parallel.tensor_parallel_size"),  # torch splits nothing
     ({"mode": 77}, "spec.mode"),
     ({"admission": -3}, "spec.admission"),
     ({"grpo": {"learning_rate": float("inf")}}, "spec.grpo.learning_rate"),

@@ -1,0 +1,77 @@
+"""StartJob's check of a Megatron job: layouts the model cannot take, models the converter does not know, and a
+missing megatron-core are INVALID_ARGUMENT naming the field, before anything is loaded."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from rollart.job.spec import job_spec
+from rollart.runtime import errors
+from rollart_trainer.validators import check_spec
+
+from .test_megatron_convert import QWEN3_0_6B
+
+
+def spec(model: Path, **kw):
+    d = {"job_id": "j", "model": str(model), "backend": "megatron", "batch_size": 8, "group_size": 4}
+    d.update(kw)
+    return job_spec(d)
+
+
+@pytest.fixture
+def qwen3(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_0_6B))  # validation reads the config only
+    return tmp_path
+
+
+def field_of(s) -> str:
+    with pytest.raises(errors.InvalidArgument) as exc:
+        check_spec(s)
+    return exc.value.details()
+
+
+def test_a_layout_the_model_takes_passes(qwen3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("megatron.core")
+    check_spec(spec(qwen3))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    check_spec(spec(qwen3, parallel={"tensor_parallel_size": 2}))
+
+
+def test_bad_layouts_name_the_field(qwen3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("megatron.core")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    msg = field_of(spec(qwen3, parallel={"tensor_parallel_size": 3}))
+    assert msg.startswith("spec.parallel.tensor_parallel_size") and "heads (16)" in msg
+    msg = field_of(spec(qwen3, parallel={"pipeline_parallel_size": 3}))
+    assert msg.startswith("spec.parallel.pipeline_parallel_size") and "28 layers" in msg
+    msg = field_of(spec(qwen3, parallel={"pipeline_parallel_size": 2}))  # divisible, not implemented
+    assert msg.startswith("spec.parallel.pipeline_parallel_size") and "not implemented" in msg
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    msg = field_of(spec(qwen3, parallel={"tensor_parallel_size": 2}))  # the trainer has one rank
+    assert msg.startswith("spec.parallel.tensor_parallel_size") and "ranks" in msg
+    assert field_of(spec(qwen3, parallel={"tensor_parallel_size": -1})).startswith("spec.parallel.tensor_parallel_size")
+    # Only the Megatron backend splits a model.
+    msg = field_of(spec(qwen3, backend="torch", parallel={"tensor_parallel_size": 2}))
+    assert msg.startswith("spec.parallel.tensor_parallel_size") and "megatron" in msg
+
+
+def test_models_the_converter_does_not_know_name_the_model(qwen3: Path, tmp_path: Path) -> None:
+    pytest.importorskip("megatron.core")
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps(dict(QWEN3_0_6B, model_type="llama")))
+    msg = field_of(spec(llama))
+    assert msg.startswith("spec.model") and "llama" in msg
+    assert field_of(spec("Qwen/Qwen3-0.6B")).startswith("spec.model")  # a hub name: no config to check here
+
+
+def test_megatron_core_missing_names_the_backend(qwen3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("megatron", "megatron.core"):  # what an environment without the extra sees
+        monkeypatch.setitem(sys.modules, name, None)
+    msg = field_of(spec(qwen3))
+    assert msg.startswith("spec.backend") and "megatron-core is not installed" in msg
+    check_spec(spec(qwen3, backend="torch"))  # the other backends do not need it
