@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -175,7 +175,7 @@ class WorkReport:
 @dataclass(frozen=True)
 class Verdict:
     admitted: bool
-    reason: int  # lp.RejectionReason, 0 when admitted
+    reason: lp.RejectionReason  # 0 when admitted
     detail: str
     duplicate: bool
     group_complete: bool
@@ -460,7 +460,7 @@ class LedgerScripts:
         adm, reason, detail, dup, gc, gadm, awaiting, row = await self._run("submit", args)
         return Verdict(
             admitted=bool(adm),
-            reason=int(reason),
+            reason=cast(lp.RejectionReason, int(reason)),
             detail=_text(detail),
             duplicate=bool(dup),
             group_complete=bool(gc),

@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import redis.asyncio as aioredis
@@ -39,6 +39,8 @@ from .planning import StepPlanner
 from .scripts import BatchRecord, LedgerScripts, NewGroup, WorkReport, now_ms
 
 log = logging.getLogger(__name__)
+# redis-py types every reply as bytes | str; this client never decodes, so its replies are bytes (casts below).
+_Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
 MAX_BATCH = 1_000_000
 MAX_PROMPTS = 10_000
@@ -142,7 +144,7 @@ class LedgerService(lg.LedgerServicer):
         await self.redis.ping()
         await self.scripts.load()
         if self.cfg.job_id:
-            job = await self.redis.get(self.k("job"))
+            job = cast(bytes | None, await self.redis.get(self.k("job")))
             if job is not None and job.decode() != self.cfg.job_id:
                 raise RuntimeError(
                     f"the store under {self.p!r} belongs to job {job.decode()!r}, not {self.cfg.job_id!r}"
@@ -205,7 +207,7 @@ class LedgerService(lg.LedgerServicer):
         key = self.k("cmds")
         start = "-"
         for _ in range(10):  # bounded work per tick
-            entries = await self.redis.xrange(key, min=start, count=500)
+            entries = cast(_Entries, await self.redis.xrange(key, min=start, count=500))
             if not entries:
                 break
             fresh = next((eid for eid, f in entries if float(f.get(b"ts", b"0")) >= cutoff), None)
@@ -241,7 +243,7 @@ class LedgerService(lg.LedgerServicer):
     async def GetJobPolicy(
         self, request: lp.GetJobPolicyRequest, context: aio.ServicerContext
     ) -> lp.JobPolicy:
-        blob = await self.redis.get(self.k("policy"))
+        blob = cast(bytes | None, await self.redis.get(self.k("policy")))
         if blob is None:
             return pol.defaults(self.cfg.job_id)
         return lp.JobPolicy.FromString(blob)
@@ -301,7 +303,7 @@ class LedgerService(lg.LedgerServicer):
             number = number.decode()
         elif request.version < 0:
             raise invalid("version must be >= 0")
-        blob = await self.redis.hget(self.k("versions"), str(number))
+        blob = cast(bytes | None, await self.redis.hget(self.k("versions"), str(number)))
         if blob is None:
             raise Abort(grpc.StatusCode.NOT_FOUND, f"version {number} is not registered")
         return common_pb2.PolicyVersion.FromString(blob)
@@ -322,10 +324,10 @@ class LedgerService(lg.LedgerServicer):
         )
 
     async def _versions(self, lo: Any, hi: Any, limit: int) -> list[common_pb2.PolicyVersion]:
-        numbers = await self.redis.zrevrangebyscore(self.k("vers"), hi, lo, start=0, num=limit)
+        numbers = cast(list[bytes], await self.redis.zrevrangebyscore(self.k("vers"), hi, lo, start=0, num=limit))
         if not numbers:
             return []
-        blobs = await self.redis.hmget(self.k("versions"), list(reversed(numbers)))
+        blobs = cast(list[bytes | None], await self.redis.hmget(self.k("versions"), list(reversed(numbers))))
         return [common_pb2.PolicyVersion.FromString(b) for b in blobs if b is not None]
 
     # ------------------------------------------------------------------------------------------------ actors
@@ -401,7 +403,7 @@ class LedgerService(lg.LedgerServicer):
 
     async def _actors(self, ids: list[str] | None = None) -> dict[str, lp.LedgerActor]:
         if ids is None:
-            ids = sorted(m.decode() for m in await self.redis.smembers(self.k("actors")))
+            ids = sorted(m.decode() for m in cast(set[bytes], await self.redis.smembers(self.k("actors"))))
         pipe = self.redis.pipeline(transaction=False)
         for aid in ids:
             pipe.hgetall(self.k("a:" + aid))
@@ -512,7 +514,7 @@ class LedgerService(lg.LedgerServicer):
         if request.only_new:
             last = f"{int(await self.redis.get(self.k('cmd:seq')) or 0)}-1"
         elif request.from_sequence > 0:
-            first = await self.redis.xrange(key, count=1)
+            first = cast(_Entries, await self.redis.xrange(key, count=1))
             if first:
                 oldest = int(first[0][0].decode().split("-")[0])
                 if request.from_sequence < oldest - 1:
@@ -527,7 +529,9 @@ class LedgerService(lg.LedgerServicer):
         conn = aioredis.from_url(self.cfg.redis_url)  # a blocking XREAD needs its own connection
         try:
             while True:
-                reply = await conn.xread({key: last}, block=1000, count=256)  # an outage: UNAVAILABLE
+                reply = cast(  # an outage: UNAVAILABLE
+                    list[tuple[bytes, _Entries]] | None, await conn.xread({key: last}, block=1000, count=256)
+                )
                 for _stream, entries in reply or ():
                     for entry_id, fields in entries:
                         last = entry_id.decode()
@@ -544,8 +548,9 @@ class LedgerService(lg.LedgerServicer):
         _check_id("subscriber_id", request.subscriber_id)
         if request.sequence < 1:
             raise invalid("sequence must be >= 1")
-        entries = await self.redis.xrange(
-            self.k("cmds"), min=f"{request.sequence}-1", max=f"{request.sequence}-1"
+        entries = cast(
+            _Entries,
+            await self.redis.xrange(self.k("cmds"), min=f"{request.sequence}-1", max=f"{request.sequence}-1"),
         )
         if not entries:
             raise Abort(
@@ -732,8 +737,11 @@ class LedgerService(lg.LedgerServicer):
         out: list[lp.Lease] = []
         scanned = 0
         while len(out) < size and scanned < 50 * size:
-            ids = await self.redis.zrangebyscore(
-                self.k("leases"), f"({after}", "+inf", start=0, num=size, withscores=True
+            ids = cast(
+                list[tuple[bytes, float]],
+                await self.redis.zrangebyscore(
+                    self.k("leases"), f"({after}", "+inf", start=0, num=size, withscores=True
+                ),
             )
             if not ids:
                 break
@@ -765,7 +773,7 @@ class LedgerService(lg.LedgerServicer):
         for gid in gids:
             pipe.hget(self.k("g:" + gid), "prompt")
         prompts = dict(zip(gids, await pipe.execute()))
-        hashes = dict(zip(versions, await self.redis.hmget(self.k("vhash"), versions)))
+        hashes = dict(zip(versions, cast(list[bytes | None], await self.redis.hmget(self.k("vhash"), versions))))
         for le in leases:
             if prompts.get(le.group_id):
                 le.prompt.ParseFromString(prompts[le.group_id])
@@ -895,7 +903,7 @@ class LedgerService(lg.LedgerServicer):
         evicted = evicted_tokens = 0
         while True:
             event = self.signal.current()
-            current = request.current_version
+            current: int | None = request.current_version
             if current == 0:
                 cur = await self.redis.hget(self.k("cur"), "v") or await self.redis.get(self.k("latest"))
                 current = int(cur) if cur is not None else None
@@ -980,7 +988,7 @@ class LedgerService(lg.LedgerServicer):
         return batch
 
     async def _accounting(self) -> common_pb2.GenerationAccounting:
-        stats = await self.redis.hgetall(self.k("stats"))
+        stats = cast(dict[bytes, bytes], await self.redis.hgetall(self.k("stats")))
         return codec.accounting({k.decode(): int(v) for k, v in stats.items()})
 
     @handler

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import cast
 
 import redis.asyncio as aioredis
 from grpc import aio
@@ -32,6 +33,8 @@ from .placement import PlacementError, place
 
 log = logging.getLogger(__name__)
 ET = rm.ResourceEventType
+# redis-py types every reply as bytes | str; this client never decodes, so its replies are bytes (casts below).
+_Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
 
 class ResourceManagerService(rm_grpc.ResourceManagerServicer):
@@ -86,7 +89,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
         workers: dict[str, rm.Worker | None] | None = None,
         bindings: dict[str, rm.Binding | None] | None = None,
         expiry: dict[str, float | None] | None = None,
-        events: list[tuple[int, object]] = (),
+        events: Sequence[tuple[rm.ResourceEventType, object]] = (),
     ) -> None:
         """Write state changes (None deletes) and their events in one transaction."""
         revision = int(await self.redis.get(self.k_revision) or 0)
@@ -187,12 +190,12 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
 
     async def reap(self) -> None:
         now = time.time()
-        due = await self.redis.zrangebyscore(self.k_expiry, "-inf", now)
+        due = cast(list[bytes], await self.redis.zrangebyscore(self.k_expiry, "-inf", now))
         purge_before = now - self.cfg.expired_retention_seconds
         async with self.lock:
             pools, workers, bindings = await self._load()
             expired: dict[str, rm.Worker | None] = {}
-            events: list[tuple[int, object]] = []
+            events: list[tuple[rm.ResourceEventType, object]] = []
             for raw in due:
                 wid = raw.decode()
                 w = workers.get(wid)
@@ -282,11 +285,11 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
             pool = pools.pop(request.name, None)
             if pool is None:
                 raise errors.NotFound(f"no pool named {errors.shorten(request.name)}")
-            gone = {wid: None for wid, w in workers.items() if w.pool == request.name}
+            gone: dict[str, rm.Worker | None] = {wid: None for wid, w in workers.items() if w.pool == request.name}
             for wid in gone:
                 workers.pop(wid)
             changed = self._replace(pools, workers, bindings, only=set())
-            events: list[tuple[int, object]] = [(ET.RESOURCE_EVENT_TYPE_POOL_REMOVED, pool)]
+            events: list[tuple[rm.ResourceEventType, object]] = [(ET.RESOURCE_EVENT_TYPE_POOL_REMOVED, pool)]
             events += [(ET.RESOURCE_EVENT_TYPE_BINDING_UPDATED, b) for b in changed.values()]
             await self._commit(
                 pools={request.name: None},
@@ -352,7 +355,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
         ids.check_id("worker_id", request.worker_id)
         validators.load(request.load)
         # Heartbeats are the hottest call: no lock, only the worker's own record and expiry change.
-        raw = await self.redis.hget(self.k_workers, request.worker_id)
+        raw = cast(bytes | None, await self.redis.hget(self.k_workers, request.worker_id))
         now = time.time()
         w = rm.Worker.FromString(raw) if raw else None
         if (
@@ -364,7 +367,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
                 f"worker {errors.shorten(request.worker_id)} is not registered or expired; register again"
             )
         async with self.lock:
-            raw = await self.redis.hget(self.k_workers, request.worker_id)
+            raw = cast(bytes | None, await self.redis.hget(self.k_workers, request.worker_id))
             if raw is None:
                 raise errors.NotFound(f"worker {errors.shorten(request.worker_id)} was removed")
             w = rm.Worker.FromString(raw)
@@ -450,7 +453,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
 
     async def Unbind(self, request: rm.UnbindRequest, context: aio.ServicerContext) -> common_pb2.Nothing:
         async with self.lock:
-            raw = await self.redis.hget(self.k_bindings, request.binding_id)
+            raw = cast(bytes | None, await self.redis.hget(self.k_bindings, request.binding_id))
             if raw is None:
                 return common_pb2.Nothing()
             b = rm.Binding.FromString(raw)
@@ -460,7 +463,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
             return common_pb2.Nothing()
 
     async def GetBinding(self, request: rm.GetBindingRequest, context: aio.ServicerContext) -> rm.Binding:
-        raw = await self.redis.hget(self.k_bindings, request.binding_id)
+        raw = cast(bytes | None, await self.redis.hget(self.k_bindings, request.binding_id))
         if raw is None:
             raise errors.NotFound(f"no binding named {errors.shorten(request.binding_id)}")
         return rm.Binding.FromString(raw)
@@ -479,7 +482,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
             raise errors.InvalidArgument("from_revision", "must be >= 0")
         wanted = set(request.types)
         if request.from_revision > 0:
-            first = await self.redis.xrange(self.k_events, count=1)
+            first = cast(_Entries, await self.redis.xrange(self.k_events, count=1))
             if first:
                 oldest = int(first[0][0].decode().split("-")[0])
                 if request.from_revision < oldest - 1:
@@ -491,7 +494,10 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
         conn = aioredis.from_url(self.cfg.redis_url)  # a blocking XREAD needs its own connection
         try:
             while True:
-                reply = await conn.xread({self.k_events: last}, block=1000, count=256)
+                reply = cast(
+                    list[tuple[bytes, _Entries]] | None,
+                    await conn.xread({self.k_events: last}, block=1000, count=256),
+                )
                 for _stream, entries in reply or ():
                     for entry_id, fields in entries:
                         last = entry_id.decode()

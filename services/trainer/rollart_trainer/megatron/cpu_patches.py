@@ -29,7 +29,7 @@ def apply() -> bool:
     #    say where to allocate (``device=torch.cuda.current_device()``: the attention score buffer of
     #    ``GlobalMemoryBuffer``, the RoPE frequencies, parallel_state's small collectives); on a CPU-only
     #    machine the answer is the CPU.
-    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[return-value]  # typed int; used as a device
+    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment, return-value]  # typed int
 
     # 2. The CUDA RNG tracker's ``fork()`` swaps the *CUDA* generator's state around every tensor-parallel
     #    region (dropout and weight initialisation inside column/row-parallel layers). On CPU there is no
