@@ -55,6 +55,12 @@ class EnvManagerConfig(ServiceConfig):
     # scoring failed (RecordReward failed=true: the sample is re-issued, never recorded as a zero reward).
     reward_timeout_seconds: float = Field(120.0, gt=0)
     reward_retries: int = Field(2, ge=0, le=10)
+    # Settlement: Submit (idempotent) is retried with backoff while the ledger is unreachable, for at least
+    # this long (and while the lease is valid); after that the trajectory is an infrastructure failure
+    # ("ledger-unavailable") and its lease is released, that release retried for up to release_retry_seconds
+    # (unreleased, the lease expires back to the pool by itself).
+    settle_retry_seconds: float = Field(30.0, ge=0)
+    release_retry_seconds: float = Field(60.0, ge=0)
     # Deadline of every other call to a peer.
     rpc_timeout_seconds: float = Field(10.0, gt=0)
     # Backoff of a loop after an error it cannot attribute to one trajectory (ledger unreachable, ...).

@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from grpc import aio
@@ -78,7 +78,15 @@ RELEASE_FOR = {"cancelled": lp.RELEASE_REASON_CANCELLED, "aborted": lp.RELEASE_R
 
 
 class LedgerError(Exception):
-    """The ledger could not be reached or refused a call the loop cannot do without."""
+    """The ledger could not be reached or refused a call the loop cannot do without.
+
+    ``unreachable``: it did not answer (UNAVAILABLE, DEADLINE_EXCEEDED, no address), as opposed to an answer
+    that refused the call; either way a settlement that ends so is an infrastructure failure, never a
+    rejection (only the ledger rejects, with a reason)."""
+
+    def __init__(self, message: str, unreachable: bool = True) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 @dataclass
@@ -116,7 +124,7 @@ class Group:
         batch = request.env.interaction == envmanager_pb2.INTERACTION_MODE_BATCH
         self.waves: Waves | None = Waves() if batch else None
 
-    def state(self) -> int:
+    def state(self) -> envmanager_pb2.LoopGroupState:
         states = [lo.state for lo in self.loops]
         if all(s == LS.LOOP_STATE_FAILED for s in states):
             return GS.LOOP_GROUP_STATE_FAILED
@@ -162,9 +170,9 @@ class Loop:
         metrics.LOOPS.labels(LS.Name(self.state)).inc()
 
     # -- state -------------------------------------------------------------------------------------------------
-    def set_state(self, state: int | str) -> None:
+    def set_state(self, state: envmanager_pb2.LoopState | str) -> None:
         if isinstance(state, str):
-            state = LS.Value(f"LOOP_STATE_{state}")
+            state = cast(envmanager_pb2.LoopState, LS.Value(f"LOOP_STATE_{state}"))
         if state != self.state:
             metrics.LOOPS.labels(LS.Name(self.state)).dec()
             metrics.LOOPS.labels(LS.Name(state)).inc()
@@ -330,22 +338,22 @@ class Loop:
             if inner.cancelled() or (ep.abort_kind and inner.exception() is not None):
                 await self._aborted(ep)  # ours (the stream may have ended ABORTED before the cancel landed)
                 return "cancelled"
-            exc = inner.exception()
-            if exc is None:
+            error = inner.exception()
+            if error is None:
                 if waves is not None:
                     traj, scoring = inner.result()
                     return await self._settle(ep, spec, traj, scoring)
                 return await self._settle(ep, spec, inner.result())
-            if isinstance(exc, ExternalAbort):
-                ep.abort_kind, ep.abort_reason = "external", str(exc)
+            if isinstance(error, ExternalAbort):
+                ep.abort_kind, ep.abort_reason = "external", str(error)
                 await self._aborted(ep)
                 return "cancelled"
-            if not isinstance(exc, InfraFailure):
-                log.error("episode failed unexpectedly", exc_info=exc,
+            if not isinstance(error, InfraFailure):
+                log.error("episode failed unexpectedly", exc_info=error,
                           extra=log_fields(trajectory_id=ep.trajectory_id))
-                exc = InfraFailure("internal", f"{type(exc).__name__}: {exc}")
-            await self._failed(ep, exc)
-            return exc.cause
+                error = InfraFailure("internal", f"{type(error).__name__}: {error}")
+            await self._failed(ep, error)
+            return error.cause
         finally:
             metrics.EPISODE_SECONDS.observe(time.monotonic() - started)
             self.episode, self.inner = None, None
@@ -451,11 +459,20 @@ class Loop:
         try:
             resp = await m.submit(traj, self.holder, work, lease)
         except LedgerError as exc:
+            # Not a rejection: the ledger never answered (or refused the call itself). Counted as an
+            # infrastructure failure with its cause, the lease given back so the sample is redone at once.
             scoring.cancel()
-            self.counters.rejected += 1
-            self.last_error = f"settlement failed: {exc}"
-            metrics.TRAJECTORIES.labels("settle_failed").inc()
-            return "settle-failed"
+            cause = "ledger-unavailable" if exc.unreachable else "settle-failed"
+            self.counters.infra_failures += 1
+            m.failures[cause] += 1
+            metrics.FAILURES.labels(cause).inc()
+            metrics.TRAJECTORIES.labels("infra_failure").inc()
+            self.last_error = f"trajectory {traj.trajectory_id}: settlement failed: {exc}"
+            log.warning("settlement failed", extra=log_fields(trajectory_id=traj.trajectory_id, cause=cause,
+                                                               lease_id=lease.lease_id, error=str(exc)[:500]))
+            m.spawn(m.release_eventually(lease, self.holder, lp.RELEASE_REASON_INFRA_FAILURE,
+                                         f"{cause}: {exc}"[:1000], ep.tokens_generated))
+            return cause
         if resp.admitted:
             self.counters.admitted += 1
             metrics.TRAJECTORIES.labels("admitted").inc()
@@ -579,9 +596,12 @@ class Manager:
             await asyncio.sleep(min(max(secs(resp.retry_after), 0.05), 1.0))
         return None
 
-    async def release(self, lease: lp.Lease, holder: str, reason: int, cause: str, tokens: int = 0) -> None:
+    async def release(
+        self, lease: lp.Lease, holder: str, reason: lp.ReleaseReason, cause: str, tokens: int = 0
+    ) -> bool:
         """Gives the lease back; ``tokens`` generated for the abandoned trajectory go into the job's generation
-        accounting (the ledger counts them once per lease, also for a lease it had cancelled or expired)."""
+        accounting (the ledger counts them once per lease, also for a lease it had cancelled or expired).
+        False when the ledger did not answer (retryable)."""
         try:
             stub = await self._ledger()
             await stub.ReleaseLease(lp.ReleaseLeaseRequest(lease_id=lease.lease_id, holder=holder, reason=reason,
@@ -590,11 +610,29 @@ class Manager:
         except (aio.AioRpcError, LedgerError) as exc:
             # The lease then expires by itself and goes back to the pool.
             log.warning("release failed: %s", exc, extra=log_fields(lease_id=lease.lease_id))
+            if isinstance(exc, LedgerError):
+                return False
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                await self.peers.ledger.forget()
+            return exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        return True
+
+    async def release_eventually(self, lease: lp.Lease, holder: str, reason: lp.ReleaseReason, cause: str,
+                                 tokens: int = 0) -> None:
+        """:meth:`release`, retried with backoff for ``release_retry_seconds`` while the ledger is unreachable
+        (ReleaseLease is idempotent); if it never answers, the lease expires back to the pool by itself."""
+        deadline = time.monotonic() + self.cfg.release_retry_seconds
+        delay = 0.2
+        while not await self.release(lease, holder, reason, cause, tokens) and time.monotonic() < deadline:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     async def submit(self, traj: common_pb2.Trajectory, holder: str, work: list[lp.ActorWork],
                      lease: lp.Lease) -> lp.SubmitResponse:
-        """Submit (idempotent), retried while the lease may still be settled in time."""
-        deadline = secs(lease.expires_at) + 1.0
+        """Submit, retried with backoff while the ledger is unreachable: for at least ``settle_retry_seconds``
+        and while the lease may still be settled. Safe to repeat: the ledger's Submit is idempotent per lease
+        and trajectory (a repeat gets the first answer, nothing is counted twice)."""
+        deadline = max(secs(lease.expires_at) + 1.0, time.time() + self.cfg.settle_retry_seconds)
         delay = 0.2
         while True:
             try:
@@ -602,9 +640,11 @@ class Manager:
                 return await stub.Submit(lp.SubmitRequest(trajectory=traj, holder=holder, work=work),
                                          timeout=self.cfg.rpc_timeout_seconds)
             except aio.AioRpcError as exc:
-                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or \
-                        time.time() > deadline:
-                    raise LedgerError(f"Submit: {exc.code().name}: {exc.details()}") from None
+                retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                if not retryable or time.time() > deadline:
+                    raise LedgerError(f"Submit: {exc.code().name}: {exc.details()}", unreachable=retryable) from None
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    await self.peers.ledger.forget()
             except LedgerError:
                 if time.time() > deadline:
                     raise
@@ -813,7 +853,7 @@ class Manager:
         return out
 
     @staticmethod
-    def _in_flight(ep: Episode, state: int) -> envmanager_pb2.TrajectoryInFlight:
+    def _in_flight(ep: Episode, state: envmanager_pb2.LoopState) -> envmanager_pb2.TrajectoryInFlight:
         lease = ep.lease
         t = envmanager_pb2.TrajectoryInFlight(
             trajectory_id=ep.trajectory_id, lease_id=ep.lease_id, loop_id=ep.loop_id, task=ep.task,
@@ -840,7 +880,7 @@ class Manager:
         for lo in loops:
             lo.stop("abort")
         if loops:
-            done, pending = await asyncio.wait([lo.task for lo in loops], timeout=5)
+            done, pending = await asyncio.wait([lo.task for lo in loops if lo.task is not None], timeout=5)
             for t in pending:
                 t.cancel()
             if pending:
