@@ -81,6 +81,11 @@ class LLMProxyConfig(ServiceConfig):
     status_timeout_seconds: float = Field(2.0, gt=0, le=60)
     # Consecutive failed status polls (other than a refused connection) that make an actor unhealthy.
     unhealthy_after_failures: int = Field(2, ge=1)
+    # An actor whose status polls have gone unanswered (accepted, never answered: a stopped or wedged process)
+    # for this long is hung: its in-flight turns are cut at once (UNAVAILABLE, retryable; a turn that streamed
+    # nothing is routed to another actor) instead of waiting for it to wake. Detected within about
+    # hung_after_seconds + status_timeout_seconds + status_interval_seconds of the hang.
+    hung_after_seconds: float = Field(5.0, gt=0)
     # Deadline of a turn that names none (neither in the request nor on the call).
     default_deadline_seconds: float = Field(600.0, gt=0)
     # How long a request waits for a usable actor (none healthy/admissible right now) before UNAVAILABLE;

@@ -362,18 +362,20 @@ class Proxy:
             ev.clear()
 
     async def poll_once(self, entry: ActorEntry, client: ActorClient, timeout: float | None = None) -> None:
+        sent = time.monotonic()
         try:
             st = await client.stub.GetStatus(
                 actor_pb2.ActorStatusRequest(), timeout=timeout or self.cfg.status_timeout_seconds
             )
         except aio.AioRpcError as exc:
-            self._status_failed(entry, exc)
+            self._status_failed(entry, exc, sent)
             return
         if client is not self.clients.get(entry.actor_id):
             return  # the endpoint changed meanwhile
         before = (entry.routable(), entry.active_version, entry.version_known)
         entry.ready = st.ready
         entry.failures = 0
+        entry.failing_since = 0.0
         entry.last_ok = time.time()
         if entry.state == UNHEALTHY:
             entry.state = HEALTHY
@@ -394,15 +396,25 @@ class Proxy:
         if before != (entry.routable(), entry.active_version, entry.version_known):
             self.changed()
 
-    def _status_failed(self, entry: ActorEntry, exc: aio.AioRpcError) -> None:
+    def _status_failed(self, entry: ActorEntry, exc: aio.AioRpcError, sent: float | None = None) -> None:
         entry.failures += 1
         entry.last_error = f"GetStatus: {exc.code().name}: {exc.details()}"
+        if not entry.failing_since:
+            entry.failing_since = sent if sent is not None else time.monotonic()
+        silent = time.monotonic() - entry.failing_since
         refused = exc.code() == grpc.StatusCode.UNAVAILABLE
-        if entry.state == HEALTHY and (refused or entry.failures >= self.cfg.unhealthy_after_failures):
-            self.mark_unhealthy(entry, entry.last_error, cut_in_flight=refused)
+        # Hung: it has not answered for hung_after_seconds. Its streams would stall until it wakes (a SIGSTOP,
+        # a wedged engine): cut them now so their turns go elsewhere.
+        hung = silent >= self.cfg.hung_after_seconds
+        if entry.state == HEALTHY and (refused or hung or entry.failures >= self.cfg.unhealthy_after_failures):
+            self.mark_unhealthy(entry, entry.last_error, cut_in_flight=refused or hung)
+        elif hung:
+            self._cut_in_flight(entry, f"actor {entry.actor_id} has not answered for {silent:.1f}s (hung)")
 
     def mark_unhealthy(self, entry: ActorEntry, why: str, cut_in_flight: bool = False) -> None:
         if entry.state == DRAINING:
+            if cut_in_flight:  # removed but still serving its last turns: those must not wait for it either
+                self._cut_in_flight(entry, f"actor {entry.actor_id} is unreachable: {why}")
             return
         if entry.state == HEALTHY:
             log.warning("actor unhealthy", extra=log_fields(actor_id=entry.actor_id, error=why))
@@ -410,12 +422,21 @@ class Proxy:
         entry.last_error = why
         self._export(entry)
         if cut_in_flight:
-            # Unreachable: its streams are broken or about to be; end them now with the retryable status.
-            for t in list(self.turns.values()):
-                if t.actor is entry:
-                    t.failed = f"actor {entry.actor_id} is unreachable: {why}"
-                    t.cut()
+            # Unreachable or hung: its streams are broken or stalled; end them now with the retryable status.
+            self._cut_in_flight(entry, f"actor {entry.actor_id} is unreachable: {why}")
         self.changed()
+
+    def _cut_in_flight(self, entry: ActorEntry, why: str) -> int:
+        """Ends the actor's in-flight turns as failed (retryable UNAVAILABLE, or routed again when nothing was
+        streamed yet) and tells the actor to abort them, should it wake up. Returns how many were cut."""
+        cut = [t for t in self.turns.values() if t.actor is entry and not t.failed]
+        for t in cut:
+            t.failed = why
+            t.cut()
+        if cut:
+            log.warning("in-flight turns cut", extra=log_fields(actor_id=entry.actor_id, turns=len(cut), why=why))
+            self._forward_abort(entry, [t.actor_request_id for t in cut], [], why[:200])
+        return len(cut)
 
     # --------------------------------------------------------------------------------------------- settings
 
@@ -789,6 +810,8 @@ class Proxy:
                 if exc.dead:
                     self.actor_failures += 1
                     metrics.ACTOR_FAILURES.labels(exc.actor.actor_id).inc()
+                if turn.failed and not turn.streamed:
+                    turn.failed = ""  # cut (hung, unreachable, removed) before its first token: route it again
                 if turn.streamed or turn.failed or time.monotonic() >= deadline:
                     metrics.REQUESTS.labels(reason, "unavailable").inc()
                     raise unavailable(

@@ -19,7 +19,7 @@ from rollart.v1 import resource_manager_pb2 as rm
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
 from .core import PD_ROLE_NAMES, Proxy
-from .router import PoolInfo, Rule
+from .router import UNHEALTHY, PoolInfo, Rule
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +120,9 @@ class ResourceManagerSync:
                     entry.binding_ids = set()
                 else:
                     log.info("actor left the resource manager", extra=log_fields(actor_id=actor_id))
-                    # Expired or deregistered: its in-flight turns finish or fail on their own.
-                    self.proxy.remove_actor(actor_id, abort_in_flight=False, by_hand=False)
+                    # Deregistered while healthy: its in-flight turns finish. Expired while unhealthy (dead or
+                    # hung): they would only wait for it, so they are cut and go elsewhere.
+                    self.proxy.remove_actor(actor_id, abort_in_flight=entry.state == UNHEALTHY, by_hand=False)
         self.proxy.synced = True
         self.proxy.changed()
 

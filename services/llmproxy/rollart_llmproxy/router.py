@@ -72,6 +72,8 @@ class ActorEntry:
     model: str = ""
     max_model_len: int = 0
     failures: int = 0
+    # time.monotonic() when the first of the current run of failed status polls was sent (0: last one answered).
+    failing_since: float = 0.0
     removed: bool = False
     # The actor itself says it drains (a ledger Drain): its sticky trajectories continue, no new ones.
     self_draining: bool = False

@@ -41,6 +41,8 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
         self.server: aio.Server | None = None
         self.address = ""
         self.gate: asyncio.Event | None = None  # when set: tokens wait for it (a stalled engine)
+        # When set: status polls and tokens wait for it (a stopped process: connections accepted, no answers).
+        self.hung: asyncio.Event | None = None
 
     async def start(self, port: int = 0) -> "FakeActor":
         self.server = aio.server()
@@ -91,6 +93,8 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
             for i in range(n):
                 if self.gate is not None:
                     await self.gate.wait()
+                if self.hung is not None:
+                    await self.hung.wait()
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 if rid in self.aborted and self.honour_abort:
@@ -135,6 +139,8 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
         return actor_pb2.ActorAbortResponse(aborted_request_ids=hit)
 
     async def GetStatus(self, request, context):
+        if self.hung is not None:
+            await self.hung.wait()
         return actor_pb2.ActorStatus(
             actor_id=self.actor_id,
             model=self.model,

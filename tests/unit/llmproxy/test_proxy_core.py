@@ -375,3 +375,43 @@ async def test_actor_that_stops_answering_is_marked_unhealthy_and_recovers(env):
         assert p.router.actors["a0"].state == lp.PROXY_ACTOR_STATE_HEALTHY
     finally:
         await revived.kill()
+
+
+async def test_hung_actor_turns_go_elsewhere_within_the_bound(env):
+    # Polls never fail "enough" on their own: only the hang bound can act.
+    conf = cfg(status_timeout_seconds=0.2, hung_after_seconds=1.0, unhealthy_after_failures=1000)
+    p, (a0, a1) = await env(2, config=conf, delay=0.01)
+    a0.hung = asyncio.Event()  # stopped: accepts, never answers
+    p.router.stick("t", "a0")
+    t0 = time.monotonic()
+    out, err = await asyncio.wait_for(run(p, turn("t", n=5)), 10)
+    took = time.monotonic() - t0
+    assert err is None and len(tokens(out)) == 5
+    assert out[0].route.actor_id == "a1" and out[0].route.reason == lp.ROUTE_REASON_RETRY
+    bound = conf.hung_after_seconds + conf.status_timeout_seconds + conf.status_interval_seconds
+    assert took < bound + 1.0, took
+    assert p.router.actors["a0"].state == lp.PROXY_ACTOR_STATE_UNHEALTHY
+    # It answers again: routable again.
+    a0.hung.set()
+    for _ in range(100):
+        if p.router.actors["a0"].state == lp.PROXY_ACTOR_STATE_HEALTHY:
+            break
+        await asyncio.sleep(0.05)
+    assert p.router.actors["a0"].state == lp.PROXY_ACTOR_STATE_HEALTHY
+
+
+async def test_hung_actor_mid_stream_ends_the_turn_retryable_within_the_bound(env):
+    conf = cfg(status_timeout_seconds=0.2, hung_after_seconds=1.0, unhealthy_after_failures=1000)
+    p, (a0, a1) = await env(2, config=conf, delay=0.02)
+    p.router.stick("t", "a0")
+    task = asyncio.create_task(run(p, turn("t", n=500)))
+    while len(a0.active) == 0:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    a0.hung = asyncio.Event()
+    t0 = time.monotonic()
+    out, err = await asyncio.wait_for(task, 10)
+    assert time.monotonic() - t0 < conf.hung_after_seconds + conf.status_timeout_seconds + 1.5
+    assert err is not None and err.code == grpc.StatusCode.UNAVAILABLE and err.retryable
+    assert dict(err.trailing)["rollart-failed-actor"] == "a0" and tokens(out)
+    a0.hung.set()
