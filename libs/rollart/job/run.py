@@ -36,10 +36,12 @@ from google.protobuf.json_format import MessageToDict
 from grpc import aio
 
 from rollart.local import cluster as local
-from rollart.local.processes import ProcessError, pid_alive
+from rollart.local.processes import ProcessError
+from rollart.local.supervisor import Event, Supervisor, base_name
 from rollart.runtime.client import channel
 from rollart.v1 import envmanager_pb2, envmanager_pb2_grpc, ledger_pb2, ledger_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
+from .loops import LoopKeeper
 from .metrics import read_records, time_to_score
 from .spec import SpecError, apply_overrides, environment_spec, job_spec, load_job_file, model_dir_digest
 from .timeline import plot_timeline
@@ -249,6 +251,9 @@ class Runner:
         self.restarts: dict[str, int] = {}
         self.final: dict[str, Any] = {}
         self.dead: set[str] = set()
+        # What the supervisor saw and did (restarts with their causes, loop groups restored): events.jsonl.
+        self.events: list[Event] = []
+        self.loops_request: envmanager_pb2.StartLoopsRequest | None = None
 
     def say(self, text: str) -> None:
         if hasattr(self, "progress"):
@@ -267,6 +272,7 @@ class Runner:
                 out / "reward.png",
                 out / "timeline.png",
                 out / "summary.json",
+                out / "events.jsonl",
             ):
                 if p.is_dir():
                     shutil.rmtree(p)
@@ -355,6 +361,7 @@ class Runner:
                 count=self.opts.loops,
                 lease_tasks=[self.spec.prompts.task],
             )
+            self.loops_request = req  # asked again of a restarted or replaced envmanager (LoopKeeper)
             group = await envmanager_pb2_grpc.EnvManagerStub(ech).StartLoops(req)
             self.say(f"envmanager       {group.count} loops of {self.env_spec.environment} (task {self.env_spec.task})")
         finally:
@@ -394,29 +401,46 @@ class Runner:
             finally:
                 await ch.close(grace=None)
 
+    def _wanted(self, name: str) -> bool:
+        if not self.opts.restart_dead:
+            return False
+        return self.opts.restart is None or base_name(name) in self.opts.restart or name in self.opts.restart
+
+    def _event(self, ev: Event) -> None:
+        self.events.append(ev)
+        with (self.opts.out_dir / "events.jsonl").open("a") as fh:
+            fh.write(json.dumps(ev.to_dict(), sort_keys=True) + "\n")
+        extra = f" in {ev.seconds:.1f}s" if ev.seconds else ""
+        what = {"restarted": f"restarted{extra}", "restart-failed": f"did not come back: {ev.detail[:300]}",
+                "dead": f"not restarting it ({ev.detail})", "loops-restored": f"{ev.detail}{extra}"}[ev.kind]
+        self.say(f"supervisor       {ev.process} ({ev.cause}): {what}")
+        if ev.kind == "restarted":
+            self.restarts[ev.process] = self.restarts.get(ev.process, 0) + 1
+        elif ev.kind == "dead":
+            self.dead.add(ev.process)
+
     async def supervise(self, stop: asyncio.Event) -> None:
-        """Restart services that die (the job goes on: the trainer resumes, an actor rejoins)."""
-        while not stop.is_set():
-            await asyncio.sleep(1.0)
-            state = local.read_state(self.state_dir)
-            for name, info in state.get("services", {}).items():
-                if pid_alive(info["pid"]) or stop.is_set():
-                    continue
-                n = self.restarts.get(name, 0)
-                base = name.rsplit("-", 1)[0] if name.rsplit("-", 1)[-1].isdigit() else name
-                wanted = self.opts.restart is None or base in self.opts.restart or name in self.opts.restart
-                if not self.opts.restart_dead or not wanted or n >= 5:
-                    if name not in self.dead:
-                        self.dead.add(name)
-                        self.say(f"supervisor       {name} (pid {info['pid']}) died; not restarting it")
-                    continue
-                self.restarts[name] = n + 1
-                self.say(f"supervisor       {name} (pid {info['pid']}) died; restarting it")
-                try:
-                    await asyncio.to_thread(local.restart, self.state_dir, name)
-                    self.say(f"supervisor       {name} is back")
-                except ProcessError as exc:
-                    self.say(f"supervisor       {name} did not come back: {exc}")
+        """Restart every process that dies (redis and the Mooncake master included: the job goes on, the
+        trainer resumes, an actor rejoins) and keep the job's loop group on the envmanager."""
+        sup = Supervisor(self.state_dir, wanted=self._wanted)
+        keeper = (
+            LoopKeeper(self.state_dir, self.token, self.loops_request, on_event=self._event)
+            if self.loops_request is not None
+            else None
+        )
+        loop = asyncio.get_running_loop()
+        keeping = asyncio.ensure_future(keeper.run(stop)) if keeper is not None else None
+        try:
+            while not stop.is_set():
+                await asyncio.sleep(1.0)
+                if stop.is_set():
+                    break
+                await asyncio.to_thread(sup.check, lambda ev: loop.call_soon_threadsafe(self._event, ev))
+        finally:
+            if keeping is not None:
+                keeping.cancel()
+                with contextlib.suppress(BaseException):
+                    await keeping
 
     async def stop_job(self) -> None:
         env_addr = self.state.get("services", {}).get("envmanager", {}).get("address")
@@ -474,9 +498,9 @@ class Runner:
             finally:
                 await ch.close()
         with contextlib.suppress(aio.AioRpcError, KeyError):
-            ch, stub = self._trainer()
+            ch, trainer = self._trainer()
             try:
-                pub = await stub.ListPublishedVersions(T.ListPublishedVersionsRequest(), timeout=10)
+                pub = await trainer.ListPublishedVersions(T.ListPublishedVersionsRequest(), timeout=10)
                 ok = [p for p in pub.versions if p.state == T.PUBLISH_STATE_PUBLISHED]
                 final["trainer"] = {
                     "published": {str(p.version.version): p.version.hash.hex() for p in ok},
@@ -562,6 +586,8 @@ class Runner:
             "policy_version": self.job.policy_version if self.job else None,
             "restarts": self.restarts,
             "dead": sorted(self.dead),
+            # Every restart with its cause and duration, loop groups restored (also in events.jsonl).
+            "events": [ev.to_dict() for ev in self.events],
             "metrics": str(out / "metrics.jsonl"),
             "reward_png": str(out / "reward.png") if plotted else None,
             "timeline_png": str(out / "timeline.png") if timeline else None,
