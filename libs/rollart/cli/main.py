@@ -62,6 +62,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"rollart up: {exc}", file=sys.stderr)
         return 1
     print(f"cluster state: {_state_dir(args) / 'state.json'}   (stop with `rollart down`)")
+    if args.supervise:
+        from rollart.local.supervisor import supervise
+
+        print("supervising: a process that dies is started again (Ctrl-C stops supervising, not the cluster)")
+        try:
+            supervise(_state_dir(args))
+        except KeyboardInterrupt:
+            pass
     return 0
 
 
@@ -196,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="start a local cluster as processes")
     p.add_argument("--only", nargs="+", metavar="SERVICE", choices=local.SERVICE_NAMES, help="start only these")
+    p.add_argument("--supervise", action="store_true", help="stay in the foreground and restart any process that dies")
     p.set_defaults(func=cmd_up)
     p = sub.add_parser("down", help="stop the local cluster")
     p.set_defaults(func=cmd_down)

@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -182,3 +183,26 @@ def base_name(name: str) -> str:
     """``actor-2`` -> ``actor`` (an instance's service name)."""
     head, _, tail = name.rpartition("-")
     return head if head and tail.isdigit() else name
+
+
+def supervise(
+    state_dir: Path,
+    *,
+    log: Callable[[str], None] = print,
+    interval: float = 1.0,
+    stop: Callable[[], bool] = lambda: False,
+) -> Supervisor:
+    """``rollart up --supervise``: restart what dies until ``stop()`` (or Ctrl-C); every event is logged and
+    appended to ``<state dir>/events.jsonl``."""
+    sup = Supervisor(state_dir)
+    path = state_dir / "events.jsonl"
+
+    def record(ev: Event) -> None:
+        with path.open("a") as fh:
+            fh.write(json.dumps(ev.to_dict(), sort_keys=True) + "\n")
+        log(f"{ev.process:<16} {ev.kind} ({ev.cause}){' ' + ev.detail[:300] if ev.detail else ''}")
+
+    while not stop() and local.read_state(state_dir):
+        sup.check(record)
+        time.sleep(interval)
+    return sup

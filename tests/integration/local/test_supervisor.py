@@ -153,3 +153,19 @@ def test_loop_group_survives_an_envmanager_sigkill(cluster):
     assert group.group_id == "job-loops" and group.count == 3 and group.state == em.LOOP_GROUP_STATE_RUNNING
     assert [e.kind for e in events] == ["loops-restored"]
     assert asyncio.run(keeper.ensure()) is False
+
+
+def test_rollart_up_supervise_restarts_and_records_events(cluster):
+    """`rollart up --supervise`'s loop: what dies comes back, each event logged and in events.jsonl."""
+    import json
+
+    from rollart.local.supervisor import supervise
+
+    state_dir, state, _ = cluster
+    _kill(state["redis"]["pid"])
+    lines: list[str] = []
+    sup = supervise(state_dir, log=lines.append, interval=0.1, stop=lambda: bool(lines))
+    assert sup.restarts == {"redis": 1} and "redis" in lines[0] and "restarted" in lines[0]
+    (event,) = [json.loads(x) for x in (state_dir / "events.jsonl").read_text().splitlines()]
+    assert (event["process"], event["kind"], event["cause"]) == ("redis", "restarted", "killed by SIGKILL")
+    assert pid_alive(local.read_state(state_dir)["redis"]["pid"])
