@@ -466,6 +466,31 @@ class Runner:
             await ch.close()
         await self._final_state()
 
+    @staticmethod
+    async def _lease_census(stub: ledger_pb2_grpc.LedgerStub) -> dict[str, Any]:
+        """Every lease the ledger still lists, by state, and whether a slot or a trajectory was settled twice."""
+        by_state: dict[str, int] = {}
+        slots: list[tuple[str, int]] = []
+        trajectories: list[str] = []
+        token = ""
+        while True:
+            page = await stub.ListLeases(ledger_pb2.ListLeasesRequest(page_size=1000, page_token=token))
+            for le in page.leases:
+                name = ledger_pb2.LeaseState.Name(le.state).removeprefix("LEASE_STATE_").lower()
+                by_state[name] = by_state.get(name, 0) + 1
+                if le.state == ledger_pb2.LEASE_STATE_SETTLED:
+                    slots.append((le.group_id, le.sample_index))
+                    trajectories.append(le.trajectory_id)
+            token = page.next_page_token
+            if not token:
+                break
+        return {
+            "leases_listed": by_state,
+            "settled_slots": len(slots),
+            "settled_distinct_slots": len(set(slots)),
+            "settled_distinct_trajectories": len(set(trajectories)),
+        }
+
     async def _final_state(self) -> None:
         """What the services say at the end (summary.json "final"): the actors' versions and hashes next to the
         ledger's and the trainer's, settlement counters, the envmanager's counters."""
@@ -485,6 +510,12 @@ class Runner:
                     "rejected": dict(st.settlement.rejected),
                     "buffer_reserved": st.buffer.reserved_samples,
                     "accounting": MessageToDict(st.accounting, preserving_proto_field_name=True),
+                    "duplicates": st.settlement.duplicates,
+                    # The ledger's lease counters next to its leases listed one by one (fault checks).
+                    "lease_counts": MessageToDict(
+                        st.leases, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+                    ),
+                    **await self._lease_census(stub),
                 }
                 final["actors"] = {
                     a.actor_id: {
