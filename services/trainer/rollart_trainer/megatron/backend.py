@@ -88,6 +88,11 @@ def init_model_parallel(tp: int, pp: int = 1, device: str | None = None) -> torc
             parallel_state.destroy_model_parallel()
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        if dev.type == "cuda":
+            # Attention runs its (p = 0) dropout under the tracker's "model-parallel-rng" state: it must exist.
+            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+            model_parallel_cuda_manual_seed(1234)
     return dev
 
 

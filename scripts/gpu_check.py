@@ -1,0 +1,329 @@
+"""The Python part of ``scripts/gpu-check.sh``: the CUDA paths of RollArt on one NVIDIA GPU, one table.
+
+Phases (each a subprocess of its own, so CUDA contexts and memory never mix; each writes ``<work>/<phase>.json``):
+
+1. ``model``: a randomly initialised Qwen3-0.6B-shaped checkpoint (``--shape 0.6b``; no hub access) in bf16.
+2. ``train``: one GRPO step of the FSDP2 backend (a world of one, NCCL) and of the Megatron backend on a
+   synthetic batch; train-step seconds (after a warm-up step); the bf16 export of each, saved.
+3. ``delta``: the sparse delta v0 -> v1 (the Megatron step's weights) encoded, decoded and applied to a copy
+   of v0 (bits checked); a Mooncake bucket of v1 published to a real ``mooncake_master`` and pulled back
+   (bits checked).
+4. ``vllm``: a vLLM CUDA engine with the actor's worker extension serves v0 (greedy, tokens/s), is updated in
+   place to v1 through ``rollart_update_weights`` (the pause: update + prefix-cache reset), generates again,
+   and a fresh engine loading v1 from disk must generate the same tokens.
+
+``--dry-run`` parses the arguments, prints the plan and an empty table (no torch, no GPU): what the unit test
+runs. ``--cpu`` runs ``train`` and ``delta`` on the CPU with the tiny shape (no vLLM CUDA, Mooncake only when
+its master is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SHAPES: dict[str, dict[str, Any]] = {
+    # Qwen/Qwen3-0.6B's config (the weights are random).
+    "0.6b": {
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+    },
+    "tiny": {
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "vocab_size": 512,
+        "tie_word_embeddings": False,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+    },
+}
+PHASES = ("model", "train", "delta", "vllm")
+COLUMNS = (
+    ("vllm tokens/s", "vllm", "tokens_per_s", "{:.0f}"),
+    ("fsdp2 step s", "train", "fsdp2_step_s", "{:.2f}"),
+    ("megatron step s", "train", "megatron_step_s", "{:.2f}"),
+    ("delta encode s", "delta", "encode_s", "{:.2f}"),
+    ("delta apply s", "delta", "apply_s", "{:.2f}"),
+    ("delta MB", "delta", "delta_mb", "{:.1f}"),
+    ("bucket push/pull s", "delta", "bucket_s", "{}"),
+    ("update pause s", "vllm", "update_pause_s", "{:.2f}"),
+    ("outputs equal", "vllm", "outputs_equal", "{}"),
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gpu-check", description=__doc__.split("\n")[0])
+    p.add_argument("--work", type=Path, default=Path("runs/gpu-check"), help="scratch folder (model, results)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default=None, help="model shape (default: 0.6b, --cpu: tiny)")
+    p.add_argument("--skip", action="append", choices=PHASES, default=[], help="skip a phase (repeatable)")
+    p.add_argument("--prompts", type=int, default=32, help="vLLM prompts")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
+    p.add_argument("--batch", type=int, default=16, help="training samples (groups of 4)")
+    p.add_argument("--seq", type=int, default=512, help="tokens per training sample")
+    p.add_argument("--cpu", action="store_true", help="no GPU: train and delta on the CPU, tiny shape")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and an empty table, run nothing")
+    p.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # internal: run one phase in this process
+    args = p.parse_args(argv)
+    args.shape = args.shape or ("tiny" if args.cpu else "0.6b")
+    if args.cpu:
+        args.skip = sorted(set(args.skip) | {"vllm"})
+    return args
+
+
+def format_table(results: dict[str, dict[str, Any]]) -> str:
+    """One markdown table row of every figure ("-" where a phase was skipped or failed)."""
+    head, cells = [], []
+    for title, phase, key, fmt in COLUMNS:
+        head.append(title)
+        value = results.get(phase, {}).get(key)
+        cells.append("-" if value is None else fmt.format(value))
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---:|" * len(head), "| " + " | ".join(cells) + " |"])
+
+
+# ------------------------------------------------------------------------------------------------ phases
+
+
+def phase_model(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(**SHAPES[args.shape], torch_dtype="bfloat16")
+    model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    out = args.work / "model-v0"
+    model.save_pretrained(out, safe_serialization=True)
+    return {"path": str(out), "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def synthetic_batch(args: argparse.Namespace, vocab: int) -> Any:
+    import numpy as np
+
+    from rollart_trainer.grpo import Sample, TrainBatch, TurnTokens
+
+    rng = np.random.default_rng(0)
+    samples = []
+    for i in range(args.batch):
+        n = args.seq // 2
+        turn = TurnTokens(
+            rng.integers(3, vocab, 8).tolist(),
+            rng.integers(3, vocab, n).tolist(),
+            (-5.0 + rng.random(n)).tolist(),
+            [0] * n,
+        )
+        samples.append(Sample(rng.integers(3, vocab, args.seq - n - 8).tolist(), [turn], float(i % 4), f"g{i // 4}"))
+    return TrainBatch(samples, "gpu-check", 0)
+
+
+def phase_train(args: argparse.Namespace) -> dict[str, Any]:
+    import gc
+
+    import torch
+    from safetensors.numpy import save_file
+
+    from rollart_trainer.backends import make_backend
+    from rollart_trainer.grpo import GrpoSettings
+
+    model = args.work / "model-v0"
+    device = "cpu" if args.cpu else "cuda"
+    out: dict[str, Any] = {}
+    batch = synthetic_batch(args, SHAPES[args.shape]["vocab_size"])
+    for kind in ("fsdp2", "megatron"):
+        backend = make_backend(kind, model, GrpoSettings(learning_rate=1e-5, micro_batch_size=4), device=device)
+        if kind == "fsdp2":
+            save_file(backend.export(), str(args.work / "v0.safetensors"))
+        backend.train_step(batch)  # warm-up (allocator, kernels)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        stats = backend.train_step(batch)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        out[f"{kind}_step_s"] = time.perf_counter() - t0
+        out[f"{kind}_loss"] = stats.loss
+        save_file(backend.export(), str(args.work / f"v1-{kind}.safetensors"))
+        del backend
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def phase_delta(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    from rollart.delta import WeightSet, apply_delta, decode_delta, encode_delta, load_safetensors
+
+    base = load_safetensors(args.work / "v0.safetensors")
+    target = load_safetensors(args.work / "v1-megatron.safetensors")
+    key = b"gpu-check-key-0123456789abcdef01"
+    t0 = time.perf_counter()
+    segments = list(encode_delta(base, target, job="gpu-check", version=1, key=key))
+    encode_s = time.perf_counter() - t0
+    host = WeightSet({k: v.copy() for k, v in base.arrays.items()}, dict(base.dtypes), 0)
+    t0 = time.perf_counter()
+    applied = apply_delta(decode_delta(segments, key, job="gpu-check", version=1), host)
+    apply_s = time.perf_counter() - t0
+    exact = applied and all(np.array_equal(host.arrays[k], target.arrays[k]) for k in target.arrays)
+    out: dict[str, Any] = {
+        "encode_s": encode_s,
+        "apply_s": apply_s,
+        "delta_exact": exact,
+        "delta_mb": sum(len(s) for s in segments) / 1e6,
+    }
+    from rollart.local.mooncake import mooncake_master_binary, start_mooncake_master
+
+    if mooncake_master_binary() is None:
+        out["bucket_s"] = "no mooncake_master"
+        return out
+    from rollart.weights.buckets import BucketPublisher, BucketReader, MooncakeConfig
+
+    master = start_mooncake_master(args.work / "mooncake")
+    try:
+        pub = BucketPublisher(MooncakeConfig(master=master.address), "gpu-check")
+        t0 = time.perf_counter()
+        pub.publish(1, target)
+        push = time.perf_counter() - t0
+        reader = BucketReader(MooncakeConfig(master=master.address), "gpu-check")
+        t0 = time.perf_counter()
+        pulled = reader.pull(1)
+        pull = time.perf_counter() - t0
+        same = all(np.array_equal(pulled.weights.arrays[k], target.arrays[k]) for k in target.arrays)
+        out["bucket_s"] = f"{push:.2f}/{pull:.2f}" + ("" if same else " MISMATCH")
+        reader.close()
+        pub.close()
+    finally:
+        master.stop()
+    if not exact:
+        raise SystemExit("the applied delta is not the target's bits")
+    return out
+
+
+def phase_vllm(args: argparse.Namespace) -> dict[str, Any]:
+    import shutil
+
+    from safetensors.numpy import load_file
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    v0 = args.work / "model-v0"
+    vocab = SHAPES[args.shape]["vocab_size"]
+    prompts = [
+        TokensPrompt(prompt_token_ids=[(7 * i + j) % (vocab - 3) + 3 for j in range(32)]) for i in range(args.prompts)
+    ]
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    kw = {
+        "dtype": "bfloat16",
+        "skip_tokenizer_init": True,
+        "gpu_memory_utilization": 0.3,
+        "enforce_eager": False,
+        "worker_extension_cls": "rollart_actor.vllm_ext.WeightUpdateExtension",
+        "seed": 0,
+    }
+    llm = LLM(model=str(v0), **kw)
+    llm.generate(prompts[:2], greedy)  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, greedy)
+    gen_s = time.perf_counter() - t0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    payload = (args.work / "v1-megatron.safetensors").read_bytes()
+    t0 = time.perf_counter()
+    llm.collective_rpc("rollart_update_weights", args=(payload,))
+    llm.reset_prefix_cache()
+    pause = time.perf_counter() - t0
+    updated = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy)]
+    del llm
+    v1 = args.work / "model-v1"
+    shutil.copytree(v0, v1, dirs_exist_ok=True)
+    for f in v1.glob("*.safetensors"):
+        f.unlink()
+    arrays = load_file(str(args.work / "v1-megatron.safetensors"))
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file as save_torch
+
+    save_torch(
+        {k: torch.from_numpy(np.ascontiguousarray(v)).view(torch.bfloat16) for k, v in arrays.items()},
+        str(v1 / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    fresh_llm = LLM(model=str(v1), **kw)
+    fresh = [list(o.outputs[0].token_ids) for o in fresh_llm.generate(prompts, greedy)]
+    same = sum(a == b for a, b in zip(updated, fresh, strict=True))
+    return {"tokens_per_s": tokens / gen_s, "update_pause_s": pause, "outputs_equal": f"{same}/{len(fresh)}"}
+
+
+def run_phase(args: argparse.Namespace, phase: str) -> dict[str, Any]:
+    fn = {"model": phase_model, "train": phase_train, "delta": phase_delta, "vllm": phase_vllm}[phase]
+    result = fn(args)
+    (args.work / f"{phase}.json").write_text(json.dumps(result))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.phase:
+        run_phase(args, args.phase)
+        return 0
+    todo = [p for p in PHASES if p not in args.skip]
+    print(
+        f"gpu-check: shape {args.shape}, phases {', '.join(todo)}, work {args.work}"
+        + (" (dry run)" if args.dry_run else "")
+    )
+    results: dict[str, dict[str, Any]] = {}
+    failed = []
+    if not args.dry_run:
+        args.work.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, VLLM_WORKER_MULTIPROC_METHOD="spawn", HF_HUB_OFFLINE="1")
+        base = [
+            sys.executable,
+            __file__,
+            "--work",
+            str(args.work),
+            "--shape",
+            args.shape,
+            "--prompts",
+            str(args.prompts),
+            "--max-tokens",
+            str(args.max_tokens),
+            "--batch",
+            str(args.batch),
+            "--seq",
+            str(args.seq),
+        ]
+        for phase in todo:
+            t0 = time.perf_counter()
+            proc = subprocess.run([*base, *(["--cpu"] if args.cpu else []), "--phase", phase], env=env)
+            print(
+                f"gpu-check: {phase} {'ok' if proc.returncode == 0 else 'FAILED'} in {time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
+            if proc.returncode != 0:
+                failed.append(phase)
+                continue
+            results[phase] = json.loads((args.work / f"{phase}.json").read_text())
+    print(format_table(results))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
