@@ -166,7 +166,7 @@ def model_dir_digest(path: str | Path) -> bytes:
     return weights_digest(arrays, dtypes)
 
 
-_SECTIONS = {"job": trainer_pb2.TrainerJobSpec, "environment": envmanager_pb2.EnvironmentSpec}
+_SECTIONS: dict[str, type[Message]] = {"job": trainer_pb2.TrainerJobSpec, "environment": envmanager_pb2.EnvironmentSpec}
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -213,7 +213,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             if not isinstance(nxt, dict):
                 raise SpecError(f"--set {key}: {where} is a value, not a section")
             target = nxt
-            if fd is not None and fd.message_type.GetOptions().map_entry:
+            if fd is not None and fd.message_type is not None and fd.message_type.GetOptions().map_entry:
                 parts = [*parts[: i + 1], ".".join(parts[i + 1 :])]  # the rest is one map key
                 desc = None
                 break
