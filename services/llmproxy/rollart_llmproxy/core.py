@@ -667,7 +667,8 @@ class Proxy:
                 max_model_len=self.tokenizer.model_max_length,
             )
         exclude: set[str] = set()
-        for _ in range(self.cfg.max_route_attempts):
+        deadline = time.monotonic() + timeout
+        for attempt in range(self.cfg.max_route_attempts):
             try:
                 # Tokenizing does not depend on the version: any ready actor of the task's scope will do.
                 route = self.router.route(trajectory_id="", task=task, min_version=0, exclude=exclude)
@@ -679,12 +680,18 @@ class Proxy:
             if client is None:
                 exclude.add(route.actor.actor_id)
                 continue
+            remaining = max(deadline - time.monotonic(), 0.001)
+            last = attempt == self.cfg.max_route_attempts - 1
+            # One actor gets at most the hang bound: a hung actor must not spend the caller's whole deadline.
+            budget = remaining if last else min(remaining, self.cfg.hung_after_seconds)
             try:
-                return await client.stub.Tokenize(req, timeout=timeout)
+                return await client.stub.Tokenize(req, timeout=budget)
             except aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                hung = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and budget < remaining
+                if exc.code() != grpc.StatusCode.UNAVAILABLE and not hung:
                     raise TurnError(exc.code(), exc.details() or exc.code().name) from None
-                self.mark_unhealthy(route.actor, f"Tokenize: {exc.details()}")
+                if not hung:
+                    self.mark_unhealthy(route.actor, f"Tokenize: {exc.details()}")
                 exclude.add(route.actor.actor_id)
         raise unavailable("no actor could tokenize the input")
 

@@ -128,6 +128,8 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
             self.active.pop(rid, None)
 
     async def Tokenize(self, request, context):
+        if self.hung is not None:
+            await self.hung.wait()
         self.tokenize_calls += 1
         ids = self.tokens_of(request.input)
         return common_pb2.TokenizeResponse(token_ids=ids, rendered="", model=self.model, max_model_len=4096)

@@ -415,3 +415,17 @@ async def test_hung_actor_mid_stream_ends_the_turn_retryable_within_the_bound(en
     assert err is not None and err.code == grpc.StatusCode.UNAVAILABLE and err.retryable
     assert dict(err.trailing)["rollart-failed-actor"] == "a0" and tokens(out)
     a0.hung.set()
+
+
+async def test_tokenize_on_a_hung_actor_moves_on_after_the_hang_bound(env):
+    conf = cfg(status_timeout_seconds=0.2, hung_after_seconds=1.0, unhealthy_after_failures=1000)
+    p, (a0, a1) = await env(2, config=conf)
+    a0.hung = asyncio.Event()
+    p.router.actors["a1"].outstanding_tokens = 10**6  # a0 looks least loaded: it is tried first
+    t0 = time.monotonic()
+    resp = await asyncio.wait_for(
+        p.tokenize("", common_pb2.TokenizeRequest(input=common_pb2.ModelInput(text="hi")), timeout=10.0), 10
+    )
+    assert resp.token_ids and a1.tokenize_calls == 1
+    assert time.monotonic() - t0 < conf.hung_after_seconds + 1.0
+    a0.hung.set()
