@@ -1,0 +1,112 @@
+"""Faults injected into a real run (`rollart run` of the FrozenLake example, scaled down) at chosen steps, and
+what they cost: shared by tests/faults/test_chaos.py and `python -m bench faults`.
+
+Faults (by name): ``redis`` (SIGKILL redis-server), ``envmanager`` (SIGKILL), ``hang-actor`` (SIGSTOP
+``actor-2`` for :data:`HANG_SECONDS`, then SIGCONT), and any service name (SIGKILL it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.jobs import cluster_state, finish, job_file, records, start, wait_for_step
+
+HANG_SECONDS = 12.0  # longer than the proxy's hang bound (~6 s), shorter than the ledger's actor timeout (15 s)
+HUNG_ACTOR = "actor-2"
+START_SECONDS = 600.0  # budget of the cluster's start before the first step (not part of run.timeout)
+
+
+def _pid(out: Path, name: str) -> int:
+    state = cluster_state(out)
+    if name in ("redis", "mooncake"):
+        return int(state[name]["pid"])
+    return int(state["services"][name]["pid"])
+
+
+def inject(out: Path, fault: str) -> dict[str, Any]:
+    """Injects ``fault`` now; returns what was done (the hang is undone in the background)."""
+    at = time.time()
+    if fault == "hang-actor":
+        pid = _pid(out, HUNG_ACTOR)
+        os.kill(pid, signal.SIGSTOP)
+
+        def wake() -> None:
+            time.sleep(HANG_SECONDS)
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+        threading.Thread(target=wake, daemon=True).start()
+        return {"fault": fault, "process": HUNG_ACTOR, "pid": pid, "at": at, "seconds": HANG_SECONDS}
+    pid = _pid(out, fault)
+    os.kill(pid, signal.SIGKILL)
+    return {"fault": fault, "process": fault, "pid": pid, "at": at}
+
+
+def run(
+    tmp: Path,
+    schedule: list[tuple[int, str]],
+    *,
+    steps: int,
+    batch: int = 16,
+    timeout: float = 330.0,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """One run with ``schedule`` ([(after step, fault)]); returns code, summary, records, faults, wall time."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    cfg = job_file(tmp, job={"max_steps": steps, "batch_size": batch, "seed": seed}, run={"timeout": f"{timeout}s"})
+    out = tmp / "out"
+    t0 = time.time()
+    proc = start(cfg, out)
+    faults: list[dict[str, Any]] = []
+    try:
+        for i, (step, fault) in enumerate(schedule):
+            # The first wait also covers the cluster's start (engines, model load): minutes on a busy host.
+            wait_for_step(proc, out, step, timeout=timeout + (START_SECONDS if i == 0 else 0))
+            faults.append(inject(out, fault) | {"after_step": step})
+        code, summary = finish(proc, out, timeout=timeout + (60 if schedule else START_SECONDS + 60))
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)
+    recs = sorted(records(out), key=lambda r: r["step"])
+    (out / "faults.json").write_text(json.dumps(faults, indent=2) + "\n")  # when each fault was injected
+    return {
+        "code": code,
+        "summary": summary,
+        "records": recs,
+        "faults": faults,
+        "out": out,
+        "wall_seconds": time.time() - t0,
+        "steps_seconds": (recs[-1]["finished_at"] - recs[0]["started_at"]) if recs else None,
+    }
+
+
+def recovery(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """For each fault: seconds from the fault to the next completed step, and that step's own time."""
+    out = []
+    for f in result["faults"]:
+        after = [r for r in result["records"] if r.get("finished_at", 0) > f["at"]]
+        nxt = min(after, key=lambda r: r["finished_at"]) if after else None
+        out.append(
+            {
+                "fault": f["fault"],
+                "after_step": f["after_step"],
+                "to_next_step_seconds": round(nxt["finished_at"] - f["at"], 2) if nxt else None,
+                "next_step": nxt["step"] if nxt else None,
+                "next_step_seconds": round(nxt.get("step_seconds", 0.0), 2) if nxt else None,
+            }
+        )
+    return out
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
