@@ -197,7 +197,12 @@ def _print_table(what: str, rows: list[dict[str, Any]]) -> None:
         print(f"(no {what})")
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Commands defined here: running one of them skips importing the plugins (a container health check runs
+# `rollart health` every few seconds, and the plugins pull in numpy and matplotlib).
+BUILTIN = {"up", "down", "status", "health", "resources"}
+
+
+def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollart", description="RollArt: agentic RL across scattered hardware")
     parser.add_argument("--state-dir", help="local cluster state folder (default .rollart or ROLLART_STATE_DIR)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -227,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_tls.add_arguments(p)
     p.set_defaults(func=cmd_resources)
 
-    for module, attr in PLUGINS:
+    for module, attr in PLUGINS if plugins else ():
         try:
             getattr(importlib.import_module(module), attr)(sub)
         except ImportError:
@@ -237,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    builtin = bool(argv) and argv[0] in BUILTIN
+    args = build_parser(plugins=not builtin).parse_args(argv)
     sys.exit(args.func(args) or 0)
 
 
