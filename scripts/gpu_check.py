@@ -181,9 +181,15 @@ def phase_delta(args: argparse.Namespace) -> dict[str, Any]:
     encode_s = time.perf_counter() - t0
     host = WeightSet({k: v.copy() for k, v in base.arrays.items()}, dict(base.dtypes), 0)
     t0 = time.perf_counter()
-    applied = apply_delta(decode_delta(segments, key, job="gpu-check", version=1), host)
+    delta = decode_delta(segments, key, job="gpu-check", version=1)
+    applied = apply_delta(delta, host)
     apply_s = time.perf_counter() - t0
     exact = applied and all(np.array_equal(host.arrays[k], target.arrays[k]) for k in target.arrays)
+    # What the actor reloads: the tensors the delta changed, whole fused groups (q/k/v, gate/up), as the actor's
+    # HostWeights writes them for vLLM's worker extension.
+    from rollart_actor.weights import HostWeights
+
+    HostWeights(host, 1, None).write(args.work / "v1-update.safetensors", sorted(delta.tensors))
     out: dict[str, Any] = {
         "encode_s": encode_s,
         "apply_s": apply_s,
@@ -209,12 +215,14 @@ def phase_delta(args: argparse.Namespace) -> dict[str, Any]:
         pull = time.perf_counter() - t0
         same = all(np.array_equal(pulled.weights.arrays[k], target.arrays[k]) for k in target.arrays)
         out["bucket_s"] = f"{push:.2f}/{pull:.2f}" + ("" if same else " MISMATCH")
+        if not same:
+            out["failed"] = "the pulled bucket is not the published bits"
         reader.close()
         pub.close()
     finally:
         master.stop()
     if not exact:
-        raise SystemExit("the applied delta is not the target's bits")
+        out["failed"] = "the applied delta is not the target's bits"
     return out
 
 
@@ -245,7 +253,7 @@ def phase_vllm(args: argparse.Namespace) -> dict[str, Any]:
     outs = llm.generate(prompts, greedy)
     gen_s = time.perf_counter() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    payload = (args.work / "v1-megatron.safetensors").read_bytes()
+    payload = (args.work / "v1-update.safetensors").read_bytes()  # the delta's tensors (phase delta)
     t0 = time.perf_counter()
     llm.collective_rpc("rollart_update_weights", args=(payload,))
     llm.reset_prefix_cache()
@@ -269,13 +277,23 @@ def phase_vllm(args: argparse.Namespace) -> dict[str, Any]:
     fresh_llm = LLM(model=str(v1), **kw)
     fresh = [list(o.outputs[0].token_ids) for o in fresh_llm.generate(prompts, greedy)]
     same = sum(a == b for a, b in zip(updated, fresh, strict=True))
-    return {"tokens_per_s": tokens / gen_s, "update_pause_s": pause, "outputs_equal": f"{same}/{len(fresh)}"}
+    out: dict[str, Any] = {
+        "tokens_per_s": tokens / gen_s,
+        "update_pause_s": pause,
+        "outputs_equal": f"{same}/{len(fresh)}",
+    }
+    if same != len(fresh):
+        out["failed"] = "the updated engine's greedy outputs differ from a fresh load of the same weights"
+    return out
 
 
 def run_phase(args: argparse.Namespace, phase: str) -> dict[str, Any]:
     fn = {"model": phase_model, "train": phase_train, "delta": phase_delta, "vllm": phase_vllm}[phase]
     result = fn(args)
     (args.work / f"{phase}.json").write_text(json.dumps(result))
+    if result.get("failed"):
+        print(f"gpu-check: {phase}: {result['failed']}", file=sys.stderr)
+        sys.exit(1)
     return result
 
 
@@ -293,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     if not args.dry_run:
         args.work.mkdir(parents=True, exist_ok=True)
+        for stale in args.work.glob("*.json"):
+            stale.unlink()
         env = dict(os.environ, VLLM_WORKER_MULTIPROC_METHOD="spawn", HF_HUB_OFFLINE="1")
         base = [
             sys.executable,
@@ -317,11 +337,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"gpu-check: {phase} {'ok' if proc.returncode == 0 else 'FAILED'} in {time.perf_counter() - t0:.0f} s",
                 flush=True,
             )
+            result_file = args.work / f"{phase}.json"
+            if result_file.is_file():  # a phase whose check failed still reports its figures
+                results[phase] = json.loads(result_file.read_text())
             if proc.returncode != 0:
                 failed.append(phase)
-                continue
-            results[phase] = json.loads((args.work / f"{phase}.json").read_text())
     print(format_table(results))
+    if failed:
+        print(f"gpu-check: FAILED: {', '.join(failed)}")
     return 1 if failed else 0
 
 
