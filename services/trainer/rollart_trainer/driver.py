@@ -416,6 +416,26 @@ class JobRunner:
             # Rollout for the next step runs on the version the policy is at.
             await self._update(self.state.step + 1, self.state.policy_version)
 
+    def _step_started(self, s: int) -> tuple[float, int]:
+        """(wall time step ``s`` first started, restarts since): kept in ``<work dir>/step-start.json``, written
+        when a step starts, so a trainer restarted mid-step reports the step from its first start."""
+        path = self.root / "step-start.json"
+        try:
+            kept = json.loads(path.read_text())
+        except (OSError, ValueError):
+            kept = {}
+        if kept.get("job_id") == self.spec.job_id and kept.get("step") == s:
+            first, restarts = float(kept["started_at"]), int(kept.get("restarts", 0)) + 1
+        else:
+            first, restarts = time.time(), 0
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"job_id": self.spec.job_id, "step": s, "started_at": first,
+                                       "restarts": restarts}))
+            tmp.replace(path)
+        return first, restarts
+
     def _load_metrics_history(self) -> None:
         path = self.spec.metrics_path
         for rec in read_records(path) if path else ():
@@ -499,7 +519,12 @@ class JobRunner:
         assert self.peers is not None and self.state is not None
         v = s - 1
         m = T.StepMetrics(step=s, version_trained=v, version_produced=s)
-        m.started_at.CopyFrom(_ts())
+        # A step run again after a restart counts from its first start: the metrics show what the failure cost.
+        first_start, restarts = self._step_started(s)
+        m.started_at.FromNanoseconds(int(first_start * 1e9))
+        if restarts:
+            m.extra["trainer_restarts"] = restarts
+            m.extra["t_step_resumed"] = time.time()
         t_step = time.perf_counter()
         before = await self._snapshot_counters()
 
@@ -558,7 +583,7 @@ class JobRunner:
 
         after = await self._snapshot_counters()
         elapsed = time.perf_counter() - t_step
-        m.step_time.CopyFrom(_dur(elapsed))
+        m.step_time.CopyFrom(_dur(max(time.time() - first_start, elapsed) if restarts else elapsed))
         m.admitted = int(after.get("admitted", 0) - before.get("admitted", 0))
         m.rejected = int(after.get("rejected", 0) - before.get("rejected", 0))
         acc_before, acc_after = before.get("accounting"), after.get("accounting")

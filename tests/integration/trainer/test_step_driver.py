@@ -49,6 +49,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class Cluster:
     def __init__(self, services, redis_url: str, tmp: Path) -> None:
         self.services, self.tmp = services, tmp
+        self.killed_at = 0.0  # time.time() of the trainer's SIGKILL, when a test kills it
         self.ledger_proc, self.ledger = start_ledger(services, redis_url)
         self.relay_proc, info = services.start(
             "relay",
@@ -166,6 +167,7 @@ async def run_job(cluster: Cluster, model: Path, spec, *, kill_after_step: int =
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.05)
             os.kill(cluster.trainer_proc.pid, signal.SIGKILL)
+            cluster.killed_at = time.time()
             cluster.trainer_proc.proc.wait(10)
             await ch.close()
             cluster.start_trainer()  # finds job.json and resumes by itself
@@ -247,6 +249,14 @@ async def test_trainer_sigkill_resumes_without_double_publication(services, redi
     assert sorted(set(lines)) == [1, 2, 3, 4, 5]
     assert len(lines) == len(set(lines))
     assert [m.step for m in metrics] == [1, 2, 3, 4, 5]
+    # A step the kill interrupted counts from its first start, and its record says it was restarted.
+    for m in metrics:
+        start, end = m.started_at.ToNanoseconds() / 1e9, m.finished_at.ToNanoseconds() / 1e9
+        if m.finished_at.seconds and start < cluster.killed_at < end:
+            assert m.extra["trainer_restarts"] == 1, m
+            assert m.step_time.ToNanoseconds() / 1e9 >= end - start - 0.5, m
+        else:
+            assert "trainer_restarts" not in m.extra, m
 
 
 async def test_stop_job_after_step(services, redis_url, tmp_path, tiny_model):
