@@ -524,8 +524,7 @@ def build_tiny_model(
     try:
         torch.manual_seed(seed)
         with torch.device("cpu"):
-            # transformers' decorated .to loses its bound self in the stubs.
-            model = Qwen3ForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]
+            model = Qwen3ForCausalLM(config).to(torch.float32)
         losses: list[float] = []
         if pretrain_steps > 0:
             losses = _pretrain(model, tokenizer, corpus, spec)

@@ -213,8 +213,7 @@ def imitate(
     finally:
         torch.set_num_threads(prev)
     model.eval()
-    # transformers' decorated .to loses its bound self in the stubs.
-    model.to(torch.bfloat16).save_pretrained(model_dir, safe_serialization=True)  # type: ignore[arg-type]
+    model.to(torch.bfloat16).save_pretrained(model_dir, safe_serialization=True)
     return losses
 
 

@@ -97,7 +97,7 @@ class Policy:
         model = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=dtype, attn_implementation=attn_implementation, local_files_only=local.exists()
         )
-        model.to(dev)  # type: ignore[arg-type]  # transformers' decorated .to loses its bound self in the stubs
+        model.to(dev)
         # RL trains without dropout: behaviour logprobs come from an engine that never drops.
         model.eval()
         model.config.use_cache = False
