@@ -137,7 +137,7 @@ class Supervisor:
     dead: set[str] = field(default_factory=set)
     events: list[Event] = field(default_factory=list)
 
-    def check(self, on_event: Callable[[Event], None] = lambda _e: None) -> list[Event]:
+    def check(self, on_event: Callable[[Event], object] = lambda _e: None) -> list[Event]:
         state = local.read_state(self.state_dir)
         new: list[Event] = []
         for name, info in supervised(state).items():
