@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROTOS := $(wildcard protos/rollart/v1/*.proto)
 
-.PHONY: setup protos test test-fast lint bench run up down clean
+.PHONY: setup protos test test-fast lint bench run up down clean images compose-smoke
 
 ## setup: system packages (apt), .venv with libs + every service + dev tools, Node.js interop client deps.
 setup:
@@ -23,8 +23,10 @@ test: lint
 test-fast:
 	$(VENV)/bin/pytest -q -m "not slow"
 
+## lint: ruff, then mypy over libs/, every service package and the devtools (settings in mypy.ini).
 lint:
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 ## bench: list the benchmarks; `make bench B=protocol` (or `python -m bench protocol`) runs one.
 bench:
@@ -35,6 +37,16 @@ bench:
 JOB ?= examples/frozenlake.yaml
 run:
 	$(VENV)/bin/rollart run $(JOB)
+
+## images: every service image from deploy/docker/Dockerfile (a local Debian base and redis image where the
+## registry cannot be reached; Python packages through this host's pip settings). TAG=dev.
+images:
+	bash deploy/docker/build-images.sh
+
+## compose-smoke: build the images, start the compose cluster (mTLS, host loopback), run a short FrozenLake
+## job through the trainer's API, check health and bad input, remove everything (also a `slow` test).
+compose-smoke:
+	$(PY) deploy/smoke/compose_smoke.py
 
 up:
 	$(VENV)/bin/rollart up

@@ -54,6 +54,8 @@ DEPLOYMENT_REQUIRED = {
         "weight_source.relay_endpoint": "where deltas come from",
     },
     "ledger": {"redis_url": "its state"},
+    "llmproxy": {"ledger": "step plans (the ledger is not discoverable)"},
+    "envmanager": {"ledger": "leases", "llmproxy": "generation", "reward": "scoring"},
     "resource-manager": {"redis_url": "its state"},
 }
 # Placeholders for the downward API.
