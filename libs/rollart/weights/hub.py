@@ -62,7 +62,7 @@ class VersionBuffer:
     def __init__(self, hub: DeltaHub, version: int, source: str) -> None:
         self.hub = hub
         self.tracker = tp.SegmentTracker(hub.job, version)
-        self.segs: dict[int, bytes] = {}
+        self.segs: dict[int, bytes | bytearray] = {}
         self.order: list[int] = []  # arrival order: what followers replay
         self.source = source
         self.first_at: float | None = None
@@ -96,7 +96,8 @@ class VersionBuffer:
         """Stage a verified segment (the SegmentSink protocol); False for a duplicate."""
         if not self.tracker.add(seg):
             return False
-        raw = seg.raw if isinstance(seg.raw, bytes) else bytes(seg.raw)
+        # bytes or the transport's frame buffer (a bytearray nobody writes again): kept as is, never copied
+        raw = seg.raw if isinstance(seg.raw, bytes | bytearray) else bytes(seg.raw)
         self.segs[seg.seq] = raw
         self.order.append(seg.seq)
         HUB_BYTES.labels(self.hub.relay_id, "in").inc(len(raw))
@@ -115,7 +116,7 @@ class VersionBuffer:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def get(self, seq: int) -> bytes:
+    def get(self, seq: int) -> bytes | bytearray:
         raw = self.segs.get(seq)
         if raw is not None:
             return raw
@@ -132,7 +133,7 @@ class VersionBuffer:
     def seqs_in_order(self) -> list[int]:
         return sorted(self.order)
 
-    async def follow(self, *, ordered: bool = False, wait_complete: bool = False) -> AsyncIterator[bytes]:
+    async def follow(self, *, ordered: bool = False, wait_complete: bool = False) -> AsyncIterator[bytes | bytearray]:
         """Every segment, then each new one as it arrives, until the version is complete.
 
         ``ordered``: a complete version in sequence order (a partial one is followed in arrival order).

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 UpstreamSetter = Callable[[relay_pb2.RelayUpstream], Awaitable[relay_pb2.RelayUpstreamStatus]]
 
 
-def segment_message(raw: bytes) -> common_pb2.DeltaSegment:
+def segment_message(raw: bytes | bytearray) -> common_pb2.DeltaSegment:
     """The gRPC form of a segment, its fields read from the header (unverified: the receiver verifies)."""
     _, _, kind, _, _, seq, version, base, job_len = sg._COMMON.unpack_from(raw, 0)
     job = bytes(raw[sg._COMMON.size : sg._COMMON.size + job_len]).decode("utf-8", "replace")
@@ -35,7 +35,7 @@ def segment_message(raw: bytes) -> common_pb2.DeltaSegment:
         base_version=base,
         sequence=seq,
         trailer=kind == sg.KIND_TRAILER,
-        data=raw,
+        data=bytes(raw),  # a copy only on the gRPC (catch-up) path; protobuf wants bytes
     )
 
 

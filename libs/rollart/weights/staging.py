@@ -245,7 +245,9 @@ class VersionStaging:
             version,
             source,
             tracker=tp.SegmentTracker(self.job, version),
-            stager=DeltaStager(self.key, job=self.job, version=version),
+            # No key: every segment reaching add() was verified (CRC-32 and HMAC) by whoever parsed it
+            # (the transport's receiver or stage_message); the stager re-checks only the CRC.
+            stager=DeltaStager(None, job=self.job, version=version),
         )
         self.entries[version] = e
         return e
@@ -259,7 +261,9 @@ class VersionStaging:
         return StagingSink(self, e)
 
     def add(self, e: StagedVersion, seg: sg.Segment) -> bool:
-        """Stage one parsed segment into ``e``. False for a duplicate (or an entry no longer ARRIVING).
+        """Stage one segment into ``e``, parsed and verified under the job key by the caller.
+
+        False for a duplicate (or an entry no longer ARRIVING).
 
         Raises a DeltaError for a segment that does not belong (the entry is unchanged) and TrailerError
         when the complete set does not hash to the trailer's h(v). A whole delta that fails its checks
@@ -273,7 +277,7 @@ class VersionStaging:
             self.duplicates += 1
             return False
         e.tracker.check(seg)
-        e.stager.add(seg.raw)  # verifies again and decodes the index stream (vectorised)
+        e.stager.add(seg.raw)  # CRC again (not the HMAC: already checked), decodes the index stream
         e.tracker.add(seg)
         self.segments_received += 1
         self.bytes_received += len(seg.raw)

@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import itertools
 import logging
 import os
 import socket
@@ -92,6 +93,7 @@ DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
 _LABEL_SERVER = b"rwtp-server\0"
 _LABEL_CLIENT = b"rwtp-client\0"
 WRITE_HIGH_WATER = 256 * 1024  # bytes queued in user space before a stripe counts as busy
+VERIFY_IN_THREAD_BYTES = 128 * 1024  # segments at least this large are verified off the event loop
 
 
 # ------------------------------------------------------------------------------------------------- errors
@@ -328,8 +330,150 @@ async def server_handshake(
 # ---------------------------------------------------------------------------------------------- connection
 
 
+class _FrameReader(asyncio.BufferedProtocol):
+    """Reads frames straight into their own buffers: ``recv_into`` a preallocated bytearray per frame, so a
+    segment's bytes are copied once (kernel -> its final buffer) and never sliced, joined or moved again.
+
+    Back-pressure: once ``max_ready`` whole frames wait unread, reading pauses (TCP then slows the sender).
+    """
+
+    def __init__(self, transport: asyncio.Transport, max_frame_bytes: int, max_ready: int = 2) -> None:
+        self.transport = transport
+        self.max_frame_bytes = max_frame_bytes
+        self.max_ready = max_ready
+        self._hdr = bytearray(_FRAME.size)
+        self._hdr_mv = memoryview(self._hdr)
+        self._got = 0  # bytes of the current header or payload received
+        self._ftype = 0
+        self._payload: bytearray | None = None  # None while reading a header
+        self._payload_mv: memoryview | None = None
+        self.ready: deque[tuple[int, bytes | bytearray]] = deque()
+        self.error: BaseException | None = None
+        self.paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._discard: memoryview | None = None  # closing: whatever still arrives is read and dropped
+        self.on_end: Callable[[], None] | None = None
+
+    def discard(self, on_end: Callable[[], None]) -> None:
+        """Read and drop everything until the peer closes (then ``on_end``): closing a socket with unread
+        input sends a RST, and a RST can destroy our last frames (an ERROR) before the peer reads them."""
+        self._discard = memoryview(bytearray(64 * 1024))
+        self.on_end = on_end
+        self.ready.clear()
+        if self.error is not None:
+            on_end()
+            return
+        self.paused = False
+        with contextlib.suppress(Exception):
+            self.transport.resume_reading()
+
+    # -- asyncio.BufferedProtocol
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._discard is not None:
+            return self._discard
+        if self._payload_mv is not None:
+            return self._payload_mv[self._got :]
+        return self._hdr_mv[self._got :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._discard is not None:
+            return
+        self._got += nbytes
+        if self._payload_mv is None:
+            if self._got == _FRAME.size:
+                self._header()
+        elif self._got == len(self._payload_mv):
+            self._complete(self._payload)  # type: ignore[arg-type]
+
+    def eof_received(self) -> bool:
+        self._set_error(asyncio.IncompleteReadError(b"", None))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._set_error(exc or asyncio.IncompleteReadError(b"", None))
+
+    # -- parsing
+
+    def feed(self, data: bytes) -> None:
+        """Bytes that arrived before this protocol took over (read during the handshake)."""
+        mv = memoryview(data)
+        while mv and self.error is None:
+            buf = self.get_buffer(len(mv))
+            n = min(len(buf), len(mv))
+            buf[:n] = mv[:n]
+            mv = mv[n:]
+            self.buffer_updated(n)
+
+    def _header(self) -> None:
+        ftype, n = _FRAME.unpack(self._hdr)
+        self._got = 0
+        if ftype not in _FRAME_NAMES:
+            self._fail(ProtocolError(f"unknown frame type {ftype}"))
+        elif n > self.max_frame_bytes:
+            self._fail(ProtocolError(f"{_FRAME_NAMES[ftype]} frame of {n} bytes exceeds {self.max_frame_bytes}"))
+        elif n == 0:
+            self._ftype = ftype
+            self._complete(b"")
+        else:
+            self._ftype = ftype
+            self._payload = bytearray(n)
+            self._payload_mv = memoryview(self._payload)
+
+    def _complete(self, payload: bytes | bytearray) -> None:
+        self.ready.append((self._ftype, payload))
+        self._payload, self._payload_mv, self._got = None, None, 0
+        if len(self.ready) >= self.max_ready and not self.paused:
+            self.paused = True
+            with contextlib.suppress(Exception):
+                self.transport.pause_reading()
+        self._wake()
+
+    def _fail(self, exc: BaseException) -> None:
+        self._set_error(exc)
+        with contextlib.suppress(Exception):
+            self.transport.pause_reading()
+
+    def _set_error(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        self._wake()
+        if self.on_end is not None:
+            self.on_end()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def next(self) -> tuple[int, bytes | bytearray]:
+        while not self.ready:
+            if self.error is not None:
+                raise self.error
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        frame = self.ready.popleft()
+        if self.paused and len(self.ready) < self.max_ready and self.error is None:
+            self.paused = False
+            with contextlib.suppress(Exception):
+                self.transport.resume_reading()
+        return frame
+
+
 class Connection:
-    """One authenticated stripe: typed frames over a TCP stream."""
+    """One authenticated stripe: typed frames over a TCP stream, at memory speed.
+
+    After the handshake the stream's transport is handed to a :class:`_FrameReader` (frames land in their
+    own preallocated buffers) and sends bypass the transport's write buffer: ``write_frame`` queues the
+    header and a memoryview of the payload, and the socket takes them with ``sendmsg`` (scatter-gather), so
+    a segment forwarded to N stripes is never copied in user space. Whatever the kernel does not take at
+    once waits as a view until the socket is writable again.
+    """
+
+    SENDMSG_MAX_BUFFERS = 64
 
     def __init__(
         self,
@@ -338,43 +482,163 @@ class Connection:
         hello: Hello,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> None:
-        self.reader, self.writer, self.hello = reader, writer, hello
+        self.hello = hello
         self.max_frame_bytes = max_frame_bytes
         self.peer = writer.get_extra_info("peername")
+        # Kept only so they live as long as the stripe (a collected StreamWriter closes its transport).
+        self._stream = (reader, writer)
         self.bytes_in = 0
         self.bytes_out = 0
         self.closed = False
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport = writer.transport  # type: ignore[assignment]
+        # Frames the peer sent right behind its last handshake message may already sit in the stream's
+        # buffer (StreamReader keeps it in ``_buffer``; no public way to take it back).
+        leftover = bytes(getattr(reader, "_buffer", b""))
+        self._frames = _FrameReader(self._transport, max_frame_bytes)
+        self._transport.set_protocol(self._frames)
+        self._frames.feed(leftover)
+        if reader.at_eof() or getattr(reader, "_eof", False):
+            self._frames.eof_received()
+        with contextlib.suppress(Exception):
+            if not self._transport.is_reading() and not self._frames.paused:
+                self._transport.resume_reading()
+        # Our own descriptor of the socket for sends; the transport never writes after the handshake.
+        tsock = writer.get_extra_info("socket")
+        self._sock = socket.socket(fileno=os.dup(tsock.fileno()))
+        self._sock.setblocking(False)
+        self._out: deque[memoryview] = deque()
+        self._out_bytes = 0
+        self._writing = False
+        self._write_error: BaseException | None = None
+        self._drained: asyncio.Future[None] | None = None
+        self._linger: asyncio.TimerHandle | None = None
+        self._sock_closed = False
+        self._shut = False
 
-    async def read_frame(self) -> tuple[int, bytes]:
-        ftype, n = _FRAME.unpack(await self.reader.readexactly(_FRAME.size))
-        if ftype not in _FRAME_NAMES:
-            raise ProtocolError(f"unknown frame type {ftype}")
-        if n > self.max_frame_bytes:
-            raise ProtocolError(f"{_FRAME_NAMES[ftype]} frame of {n} bytes exceeds {self.max_frame_bytes}")
-        payload = await self.reader.readexactly(n) if n else b""
-        self.bytes_in += _FRAME.size + n
+    async def read_frame(self) -> tuple[int, bytes | bytearray]:
+        ftype, payload = await self._frames.next()
+        self.bytes_in += _FRAME.size + len(payload)
         return ftype, payload
 
-    def write_frame(self, ftype: int, payload: bytes | memoryview) -> None:
-        # Two writes instead of a concatenation: segments are megabytes, the header five bytes.
-        self.writer.write(_FRAME.pack(ftype, len(payload)))
-        self.writer.write(payload)
-        self.bytes_out += _FRAME.size + len(payload)
+    def write_frame(self, ftype: int, payload: bytes | bytearray | memoryview) -> None:
+        """Queue one frame and send what the socket takes now (no copy of the payload)."""
+        if self._write_error is not None:
+            raise self._write_error
+        if self.closed:
+            raise ConnectionResetError("stripe closed")
+        view = memoryview(payload).cast("B") if not isinstance(payload, memoryview) else payload.cast("B")
+        self._out.append(memoryview(_FRAME.pack(ftype, len(view))))
+        if len(view):
+            self._out.append(view)
+        self._out_bytes += _FRAME.size + len(view)
+        self.bytes_out += _FRAME.size + len(view)
+        if not self._writing:
+            self._flush()
+
+    def _flush(self) -> None:
+        out = self._out
+        while out:
+            bufs = list(itertools.islice(out, self.SENDMSG_MAX_BUFFERS))
+            try:
+                n = self._sock.sendmsg(bufs)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self._write_failed(exc)
+                return
+            self._out_bytes -= n
+            while n:
+                head = out[0]
+                if n >= len(head):
+                    n -= len(head)
+                    out.popleft()
+                else:
+                    out[0] = head[n:]
+                    n = 0
+        if out and not self._writing:
+            self._writing = True
+            self._loop.add_writer(self._sock.fileno(), self._flush)
+        elif not out:
+            if self._writing:
+                self._writing = False
+                self._loop.remove_writer(self._sock.fileno())
+            self._wake_drain()
+            if self.closed:
+                self._half_close()
+
+    def _write_failed(self, exc: BaseException) -> None:
+        self._write_error = exc if isinstance(exc, ConnectionError) else ConnectionResetError(str(exc))
+        self._out.clear()
+        self._out_bytes = 0
+        if self._writing:
+            self._writing = False
+            with contextlib.suppress(Exception):
+                self._loop.remove_writer(self._sock.fileno())
+        self._wake_drain()
+        if self.closed:
+            self._really_close()
+
+    def _wake_drain(self) -> None:
+        d = self._drained
+        if d is not None and not d.done():
+            d.set_result(None)
 
     def buffered(self) -> int:
-        try:
-            return self.writer.transport.get_write_buffer_size()
-        except (AttributeError, RuntimeError):
-            return 0
+        """Bytes queued in user space (not yet taken by the kernel)."""
+        return self._out_bytes
 
     async def drain(self) -> None:
-        await self.writer.drain()
+        while self._out and self._write_error is None and not self._sock_closed:
+            self._drained = self._loop.create_future()
+            try:
+                await self._drained
+            finally:
+                self._drained = None
+        if self._write_error is not None:
+            raise self._write_error
+        if self._frames.error is not None and isinstance(self._frames.error, ConnectionError | OSError):
+            raise self._frames.error
 
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
+    def close(self, linger: float = 2.0) -> None:
+        """Close gracefully: queued frames leave, then FIN, then input is drained until the peer closes
+        (at most ``linger`` seconds in all), so the peer reads our last frames (like a transport's close)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._linger = self._loop.call_later(linger, self._really_close)
+        if not self._out or self._write_error is not None:
+            self._half_close()
+
+    def _half_close(self) -> None:
+        if self._shut or self._sock_closed:
+            return
+        self._shut = True
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._really_close()
+            return
+        self._frames.discard(self._really_close)
+
+    def _really_close(self) -> None:
+        if self._sock_closed:
+            return
+        self._sock_closed = True
+        if self._linger is not None:
+            self._linger.cancel()
+        self._frames.on_end = None
+        if self._writing:
+            self._writing = False
             with contextlib.suppress(Exception):
-                self.writer.close()
+                self._loop.remove_writer(self._sock.fileno())
+        self._out.clear()
+        self._out_bytes = 0
+        self._wake_drain()
+        with contextlib.suppress(Exception):
+            self._sock.close()
+        with contextlib.suppress(Exception):
+            self._transport.close()
 
 
 async def dial(
@@ -994,11 +1258,19 @@ class ReceiverSession(_Session):
             self.duplicates += 1
             return
         tracker = self.sink.tracker
+        if len(payload) >= 16 and tracker.has(seq_of(payload)):
+            self.duplicates += 1  # (unverified seq: a forged one only skips a segment the RESUME re-fetches)
+            return
         try:
-            seg = sg.parse(payload, self.key)
-            if tracker.has(seg.seq):
-                self.duplicates += 1
-                return
+            if len(payload) >= VERIFY_IN_THREAD_BYTES:
+                # CRC-32 and HMAC release the GIL: this stripe's segment is verified on another core while
+                # the loop moves the other stripes' bytes.
+                seg = await asyncio.to_thread(sg.parse, payload, self.key)
+                if self.complete.is_set() or tracker.has(seg.seq):
+                    self.duplicates += 1
+                    return
+            else:
+                seg = sg.parse(payload, self.key)
             tracker.check(seg)
         except DeltaError as exc:
             self._fault(slot, gen, exc)
