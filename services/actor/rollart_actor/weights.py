@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+from prometheus_client import Counter, Gauge
 
 from rollart.delta import Delta, ParamMap, WeightSet, apply_delta, load_safetensors, save_safetensors
 from rollart.delta.errors import DeltaError, IncompatibleTargetError
@@ -61,6 +62,15 @@ if TYPE_CHECKING:
     from rollart.weights.subscriber import DeltaSource
 
 log = logging.getLogger(__name__)
+
+BUCKET_PULL_SECONDS = Counter(
+    "rollart_actor_bucket_pull_seconds_total",
+    "Mooncake bucket pulls applied: accumulated pull time, and the part an update waited for (exposed)",
+    ["part"],
+)
+BUCKET_PULL_HIDDEN = Gauge(
+    "rollart_actor_bucket_pull_hidden_ratio", "Fraction of the last applied bucket pull hidden behind rollout"
+)
 
 
 class WeightError(Exception):
@@ -128,12 +138,17 @@ def open_checkpoint(uri: str, version: int) -> tuple[WeightSet, Path | None]:
     return ws, (files[0] if len(files) == 1 else p)
 
 
-def pull_buckets(master: str, job: str, version: int) -> Any:
-    """A version's full weights from the Mooncake store (``rollart.weights.buckets``: every bucket verified)."""
+def pull_buckets(master: str, job: str, version: int, reader: Any = None) -> Any:
+    """A version's full weights from the Mooncake store (``rollart.weights.buckets``: every bucket verified).
+
+    ``reader``: a ``BucketReader`` to reuse (its connection); by default one is opened and closed here.
+    """
     from rollart.weights.buckets import BucketError, BucketReader, MooncakeConfig
 
-    reader = BucketReader(MooncakeConfig(master=master), job)
+    own = reader is None
     try:
+        if own:
+            reader = BucketReader(MooncakeConfig(master=master), job)
         return reader.pull(version)
     except BucketError as exc:
         code = "UNAVAILABLE" if type(exc).__name__ == "MooncakeUnavailableError" else "FAILED_PRECONDITION"
@@ -143,8 +158,35 @@ def pull_buckets(master: str, job: str, version: int) -> Any:
     except ImportError as exc:
         raise WeightError("FAILED_PRECONDITION", f"Mooncake is not installed: {exc}") from None
     finally:
-        with contextlib.suppress(Exception):
-            reader.close()
+        if own and reader is not None:
+            with contextlib.suppress(Exception):
+                reader.close()
+
+
+@dataclass
+class BucketPull:
+    """One version's pull from Mooncake, started in the background (or by the PullBuckets that needs it)."""
+
+    version: int
+    task: asyncio.Future  # -> PulledWeights; raises WeightError
+    started: float  # time.monotonic()
+    background: bool  # started before anyone asked for it (the watcher saw it published)
+    seconds: float | None = None  # the whole pull (accumulated), once done
+
+
+@dataclass(frozen=True)
+class PullAccount:
+    """Per full-weight update: how much of the pull the actor waited for (exposed) against all of it."""
+
+    version: int
+    accumulated_s: float  # the pull from start to verified weights, wherever it ran
+    exposed_s: float  # the part the update waited for (PullBuckets arrived -> weights ready)
+    swap_s: float  # the apply (the engine's pause window)
+    background: bool
+
+    @property
+    def hidden(self) -> float:
+        return 1.0 - self.exposed_s / self.accumulated_s if self.accumulated_s > 0 else 0.0
 
 
 class HostWeights:
@@ -307,6 +349,14 @@ class WeightManager:
         self.checkpoint_store: Any = None  # with a relay: where a commit loads a checkpoint the relay no longer covers
         self._n = 0
         self._inflight_orders: dict[str, asyncio.Task] = {}
+        # Background bucket pulls (weight_sync buckets): the next version is pulled while rollout goes on.
+        self.bucket_master: str | None = None
+        self.bucket_pulls: dict[int, BucketPull] = {}
+        self.pull_accounts: collections.deque[PullAccount] = collections.deque(maxlen=256)
+        self._bucket_reader: Any = None
+        self._bucket_watch: asyncio.Task | None = None
+        # Every Mooncake call of this actor runs on this one thread (the client is not shared across threads).
+        self._mooncake_thread: Any = None
 
     def _payload_path(self, version: int) -> Path:
         self._n += 1
@@ -623,6 +673,106 @@ class WeightManager:
             self.last_error = str(exc)
             raise
 
+    # ------------------------------------------------------------------------------- background bucket pulls
+
+    def _mooncake(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        if self._mooncake_thread is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._mooncake_thread = ThreadPoolExecutor(1, thread_name_prefix="mooncake")
+        return asyncio.get_running_loop().run_in_executor(self._mooncake_thread, fn, *args)
+
+    def _reader(self, master: str) -> Any:
+        """The actor's one BucketReader (its Mooncake connection is reused across pulls and polls)."""
+        if self._bucket_reader is None or self.bucket_master != master:
+            from rollart.weights.buckets import BucketReader, MooncakeConfig
+
+            if self._bucket_reader is not None:
+                with contextlib.suppress(Exception):
+                    self._bucket_reader.close()
+            self._bucket_reader = BucketReader(MooncakeConfig(master=master), self.staging.job)
+            self.bucket_master = master
+        return self._bucket_reader
+
+    def prefetch_buckets(self, master: str, version: int, *, background: bool = True) -> BucketPull:
+        """Start pulling ``version`` now (no lock: generation goes on; only the later swap pauses it)."""
+        pull = self.bucket_pulls.get(version)
+        if pull is not None and not (pull.task.done() and (pull.task.cancelled() or pull.task.exception())):
+            return pull
+        t0 = time.monotonic()
+
+        def run() -> Any:
+            try:
+                return pull_buckets(master, self.staging.job, version, self._reader(master))
+            except ImportError as exc:
+                raise WeightError("FAILED_PRECONDITION", f"Mooncake is not installed: {exc}") from None
+
+        fut = self._mooncake(run)
+        pull = BucketPull(version, fut, t0, background)
+
+        def done(f: asyncio.Future) -> None:
+            pull.seconds = time.monotonic() - t0
+            if f.cancelled() or f.exception() is not None:
+                log.info("bucket pull of v%d failed: %s", version, f.exception() if not f.cancelled() else "cancelled")
+
+        fut.add_done_callback(done)
+        self.bucket_pulls[version] = pull
+        for v in [v for v in self.bucket_pulls if v <= self.host.version and v != version]:
+            self.bucket_pulls.pop(v, None)  # superseded: the weights go with the record
+        return pull
+
+    def watch_buckets(self, master: str, interval: float = 0.25) -> None:
+        """Follow the store's latest pointer and pull each new version above the active one in the
+        background (at most one pull at a time; the newest wins)."""
+        if self._bucket_watch is not None and not self._bucket_watch.done() and self.bucket_master == master:
+            return
+        if self._bucket_watch is not None:
+            self._bucket_watch.cancel()
+        self._bucket_watch = asyncio.ensure_future(self._watch_buckets(master, interval))
+
+    async def _watch_buckets(self, master: str, interval: float) -> None:
+        while True:
+            try:
+                latest = await self._mooncake(lambda: self._reader(master).latest())
+                busy = any(not p.task.done() for p in self.bucket_pulls.values())
+                if latest is not None and latest.version > self.host.version and not busy:
+                    if latest.version not in self.bucket_pulls:
+                        self.prefetch_buckets(master, latest.version)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a store hiccup: the next poll retries
+                log.debug("bucket watch: %s", exc)
+            await asyncio.sleep(interval)
+
+    async def stop_buckets(self) -> None:
+        if self._bucket_watch is not None:
+            self._bucket_watch.cancel()
+            with contextlib.suppress(BaseException):
+                await self._bucket_watch
+        for p in self.bucket_pulls.values():
+            with contextlib.suppress(BaseException):
+                await p.task
+        self.bucket_pulls.clear()
+        if self._mooncake_thread is not None:
+            reader = self._bucket_reader
+            if reader is not None:
+                with contextlib.suppress(Exception):
+                    await self._mooncake(reader.close)
+            self._mooncake_thread.shutdown(wait=False)
+            self._mooncake_thread = None
+            self._bucket_reader = None
+
+    def pull_summary(self) -> dict[str, float]:
+        """Totals over the recorded full-weight updates (also in each update's log line)."""
+        acc = sum(a.accumulated_s for a in self.pull_accounts)
+        exp = sum(a.exposed_s for a in self.pull_accounts)
+        return {
+            "updates": float(len(self.pull_accounts)),
+            "accumulated_s": acc,
+            "exposed_s": exp,
+            "hidden_fraction": 1.0 - exp / acc if acc > 0 else 0.0,
+        }
+
     async def pull_buckets(
         self,
         master: str,
@@ -633,19 +783,34 @@ class WeightManager:
         apply: bool = False,
         mode: str = "keep",
     ) -> actor_pb2.PullBucketsResponse:
-        """PullBuckets: a version's full weights from Mooncake, staged for a later commit or applied now."""
-        t0 = time.perf_counter()
+        """PullBuckets: a version's full weights from Mooncake, staged for a later commit or applied now.
+
+        A pull already running or done in the background (the watcher saw ``version`` published) is used:
+        the call waits only for what is left of it (exposed), and with ``apply`` the engine pauses only for
+        the swap. The first call also starts the watcher, so the next versions are pulled during rollout.
+        """
+        t0 = time.monotonic()
         try:
-            pulled = await asyncio.to_thread(pull_buckets, master, self.staging.job, version)
+            pull = self.prefetch_buckets(master, version, background=False)
+            self.watch_buckets(master)
+            try:
+                pulled = await asyncio.shield(pull.task)
+            except WeightError:
+                self.bucket_pulls.pop(version, None)
+                raise
+            exposed = time.monotonic() - t0
+            accumulated = pull.seconds if pull.seconds is not None else exposed
             ws = pulled.weights
             keys = [b.key for b in pulled.manifest.buckets]
             if bucket_keys and sorted(bucket_keys) != sorted(keys):
                 raise WeightError("FAILED_PRECONDITION", "the store's bucket keys differ from the requested ones")
             if hash_ and ws.applied_hash != hash_:
                 raise WeightError("DATA_LOSS", f"the pulled v{version} does not match the requested h(v)")
-            resp = actor_pb2.PullBucketsResponse(pull_time=_dur(time.perf_counter() - t0))
+            resp = actor_pb2.PullBucketsResponse(pull_time=_dur(accumulated))
             if apply:
                 resp.applied.CopyFrom(await self.load_full(ws, version, artifact="buckets", mode=mode))
+                swap = resp.applied.pause_window.ToTimedelta().total_seconds()
+                self._account(PullAccount(version, accumulated, exposed, swap, pull.background))
             else:
                 resp.staged.CopyFrom(
                     self.stage_full(
@@ -658,10 +823,26 @@ class WeightManager:
                         nbytes=pulled.nbytes,
                     )
                 )
+            self.bucket_pulls.pop(version, None)
             return resp
         except WeightError as exc:
             self.last_error = str(exc)
             raise
+
+    def _account(self, a: PullAccount) -> None:
+        self.pull_accounts.append(a)
+        BUCKET_PULL_SECONDS.labels("accumulated").inc(a.accumulated_s)
+        BUCKET_PULL_SECONDS.labels("exposed").inc(a.exposed_s)
+        BUCKET_PULL_HIDDEN.set(a.hidden)
+        log.info(
+            "buckets v%d: pull %.3fs, exposed %.3fs (%.0f%% hidden%s), swap %.3fs",
+            a.version,
+            a.accumulated_s,
+            a.exposed_s,
+            100 * a.hidden,
+            ", background" if a.background else "",
+            a.swap_s,
+        )
 
     async def load_full(
         self,
