@@ -269,6 +269,9 @@ def up(
                 env["ROLLART_REDIS_URL"] = redis_url.rsplit("/", 1)[0] + f"/{spec.redis_db}"
             if spec.extra_env is not None:
                 env.update(spec.extra_env(state))
+            if spec.name == "envmanager":
+                # A stable id (its lease holder prefix): a restarted envmanager releases what its predecessor held.
+                env["ROLLART_MANAGER_ID"] = name
             env.update((env_overrides or {}).get(spec.name, {}))
             if spec.prepare is not None:
                 spec.prepare(state, env, log)

@@ -29,7 +29,9 @@ class EnvManagerConfig(ServiceConfig):
     max_receive_message_bytes: int | None = receive_limit(8)
     listen: str = ports.listen("envmanager")
     # Id of this envmanager: the lease holder prefix of its loops and its WatchCommands subscriber id
-    # (default: envmanager-<host>-<pid>). Keep it stable across restarts only if leases should carry over.
+    # (default: envmanager-<host>-<pid>). Kept stable across restarts (as `rollart up` does), a restarted process
+    # releases at start the leases its predecessor left under the same holders (their samples return at once
+    # instead of at expiry); never give two running envmanagers the same id.
     manager_id: str = ""
     # Region of this host (lease assignment prefers actors nearby).
     region: str = ""

@@ -241,6 +241,7 @@ class Loop:
         setup_failures = 0
         waves = self.group.waves
         try:
+            await self.m.reclaim(self)
             while not self.stop_mode and (limit == 0 or self.done < limit):
                 if self.m.draining:
                     if waves is not None:
@@ -616,6 +617,29 @@ class Manager:
                 await self.peers.ledger.forget()
             return exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
         return True
+
+    async def reclaim(self, loop: Loop) -> int:
+        """Releases the leases a previous process left under this loop's holder name (a restart with the same
+        ``manager_id`` runs the same groups under the same holders), so their samples return to the pool now
+        rather than when the leases expire. Returns how many; best effort (0 when the ledger does not answer)."""
+        try:
+            stub = await self._ledger()
+            resp = await stub.ListLeases(lp.ListLeasesRequest(holder=loop.holder, states=[lp.LEASE_STATE_ACTIVE]),
+                                         timeout=self.cfg.rpc_timeout_seconds)
+        except (aio.AioRpcError, LedgerError) as exc:
+            log.info("leases of a previous process not checked: %s", exc, extra=log_fields(holder=loop.holder))
+            return 0
+        released = 0
+        for lease in resp.leases:
+            if lease.lease_id in self.by_lease:  # ours already
+                continue
+            if await self.release(lease, loop.holder, lp.RELEASE_REASON_ABANDONED,
+                                  "held by a previous process of this envmanager"):
+                released += 1
+        if released:
+            log.info("released the leases of a previous process", extra=log_fields(holder=loop.holder,
+                                                                                    leases=released))
+        return released
 
     async def release_eventually(self, lease: lp.Lease, holder: str, reason: lp.ReleaseReason, cause: str,
                                  tokens: int = 0) -> None:

@@ -114,3 +114,21 @@ def test_a_ledger_away_too_long_is_an_infra_failure_and_the_lease_is_released(se
     assert got.state == lp.LEASE_STATE_RELEASED and got.release_reason == lp.RELEASE_REASON_INFRA_FAILURE
     st = ledger.stub.GetStatus(lp.LedgerStatusRequest(), metadata=ledger.md)
     assert st.settlement.admitted == 0 and not dict(st.settlement.rejected)
+
+
+def test_a_restarted_envmanager_releases_what_its_predecessor_held(services, ledger):
+    """Same manager_id (as `rollart up` gives it): the new process's loop finds the lease its predecessor left
+    under the same holder and gives it back at once instead of letting it expire."""
+    (lease,) = acquire(ledger.stub, ledger.md, "em-test/g/0")
+    loop = _loop(ledger.address)
+
+    async def run() -> int:
+        try:
+            return await loop.m.reclaim(loop)
+        finally:
+            await loop.m.peers.close()
+
+    assert asyncio.run(run()) == 1
+    got = ledger.stub.GetLease(lp.GetLeaseRequest(lease_id=lease.lease_id), metadata=ledger.md)
+    assert got.state == lp.LEASE_STATE_RELEASED and got.release_reason == lp.RELEASE_REASON_ABANDONED
+    assert len(acquire(ledger.stub, ledger.md, "em-test/g/0")) == 1  # its sample is back in the pool
