@@ -583,7 +583,7 @@ class DeltaStager:
         if self.key is not None and not self.key:
             raise ValueError("job key must be non-empty bytes")
 
-    def add(self, raw: bytes | memoryview, expect_seq: int | None = None) -> sg.Segment:
+    def add(self, raw: bytes | bytearray | memoryview, expect_seq: int | None = None) -> sg.Segment:
         """Verify one segment and stage it. Raises a DeltaError subclass and stages nothing on failure.
 
         ``expect_seq``: reject (SequenceError) a segment with another sequence number (ordered input).

@@ -58,7 +58,7 @@ MIN_SEGMENT_BYTES = _COMMON.size + 1 + FOOTER_BYTES
 class Segment:
     """A parsed, verified segment. ``index``/``values`` locate the streams inside ``raw`` (data only)."""
 
-    raw: bytes | memoryview
+    raw: bytes | bytearray | memoryview
     kind: int
     seq: int
     job: str
@@ -223,7 +223,7 @@ def split(buf: bytes | memoryview) -> Iterator[memoryview]:
         off += n
 
 
-def parse(raw: bytes | memoryview, key: bytes | None) -> Segment:
+def parse(raw: bytes | bytearray | memoryview, key: bytes | None) -> Segment:
     """Verify and parse one segment (exactly one: ``raw`` must be its whole length).
 
     Checks, in order: magic, format version, length, CRC-32 (ChecksumError), HMAC when ``key`` is given

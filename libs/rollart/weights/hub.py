@@ -698,7 +698,7 @@ class DeltaHub:
 
     async def fetch(
         self, from_version: int, to_version: int, only_sequences: list[int] | None = None, follow: bool = False
-    ) -> AsyncIterator[tuple[VersionBuffer, bytes]]:
+    ) -> AsyncIterator[tuple[VersionBuffer, bytes | bytearray]]:
         """Segments of the chain, version by version, each complete version in sequence order."""
         bufs = self.chain(from_version, to_version, follow)
         for i, buf in enumerate(bufs):

@@ -674,7 +674,7 @@ async def dial(
 # ------------------------------------------------------------------------------------------------ tracking
 
 
-def seq_of(raw: bytes | memoryview) -> int:
+def seq_of(raw: bytes | bytearray | memoryview) -> int:
     return _SEQ.unpack_from(raw, 12)[0]
 
 
@@ -690,7 +690,7 @@ class SegmentTracker:
         self.version = version
         self.base_version = base_version
         self._have: set[int] = set()
-        self._pending: dict[int, bytes | memoryview] = {}
+        self._pending: dict[int, bytes | bytearray | memoryview] = {}
         self._sha = hashlib.sha256()
         self._hashed = 0
         self.segment_count: int | None = None  # data segments, from the trailer
@@ -801,7 +801,7 @@ class TrackerSink:
     ) -> None:
         self.tracker = tracker
         self.on_segment = on_segment
-        self.segments: dict[int, bytes | memoryview] = {}
+        self.segments: dict[int, bytes | bytearray | memoryview] = {}
         self.keep = on_segment is None
 
     async def put(self, seg: sg.Segment) -> bool:
@@ -813,7 +813,7 @@ class TrackerSink:
             await self.on_segment(seg)
         return True
 
-    def ordered(self) -> list[bytes | memoryview]:
+    def ordered(self) -> list[bytes | bytearray | memoryview]:
         return [self.segments[i] for i in sorted(self.segments)]
 
 
@@ -942,7 +942,7 @@ class _Session:
             log.exception("session %s: stripe %d failed", self.name, slot.index)
             self._lost(slot, gen, exc)
 
-    async def _frame(self, slot: _Slot, gen: int, conn: Connection, ftype: int, payload: bytes) -> None:
+    async def _frame(self, slot: _Slot, gen: int, conn: Connection, ftype: int, payload: bytes | bytearray) -> None:
         raise ProtocolError(f"unexpected {_FRAME_NAMES.get(ftype, ftype)} frame")
 
     def drop(self, slot: _Slot, gen: int, reason: str, exc: BaseException | None = None) -> None:
@@ -1064,7 +1064,7 @@ class SenderSession(_Session):
         self.max_queued = max_queued
         self._queue: deque[int] = deque()
         self._resend: deque[int] = deque()
-        self._store: dict[int, bytes | memoryview] = {}
+        self._store: dict[int, bytes | bytearray | memoryview] = {}
         self._sent: dict[int, tuple[int, int]] = {}  # seq -> (stripe, generation)
         self._from_seq: int | None = None  # from the receiver's last RESUME
         self._missing: set[int] = set()
@@ -1090,7 +1090,7 @@ class SenderSession(_Session):
         assert self._from_seq is not None
         return seq >= self._from_seq or seq in self._missing
 
-    async def send(self, raw: bytes | memoryview) -> None:
+    async def send(self, raw: bytes | bytearray | memoryview) -> None:
         """Queue one segment (waits while the session is full). A no-op once the receiver is done."""
         seq = seq_of(raw)
         await self.sig.wait_for(lambda: len(self._queue) < self.max_queued or self.finished)
@@ -1177,7 +1177,7 @@ class SenderSession(_Session):
         s = self.slots[where[0]]
         return s.gen != where[1] or s.conn is None
 
-    async def _frame(self, slot: _Slot, gen: int, conn: Connection, ftype: int, payload: bytes) -> None:
+    async def _frame(self, slot: _Slot, gen: int, conn: Connection, ftype: int, payload: bytes | bytearray) -> None:
         if ftype == F_RESUME:
             if len(payload) < _RESUME.size:
                 raise ProtocolError("short RESUME frame")
@@ -1251,7 +1251,7 @@ class ReceiverSession(_Session):
             # The segment goes with its stripe; the RESUME after re-dialling fetches it again.
             self.drop(slot, gen, f"segment rejected: {self.last_fault}", exc)
 
-    async def _frame(self, slot: _Slot, gen: int, conn: Connection, ftype: int, payload: bytes) -> None:
+    async def _frame(self, slot: _Slot, gen: int, conn: Connection, ftype: int, payload: bytes | bytearray) -> None:
         if ftype != F_SEG:
             raise ProtocolError(f"unexpected {_FRAME_NAMES[ftype]} frame at the receiver")
         if self.complete.is_set():
