@@ -34,11 +34,31 @@ def _docker_usable() -> str | None:
     return None
 
 
+SERVICE_IMAGES = ["resource-manager", "ledger", "relay", "trainer", "actor", "llmproxy", "envmanager", "reward"]
+
+
+def _images_present(tag: str = "dev") -> bool:
+    return all(
+        subprocess.run(["docker", "image", "inspect", f"rollart/{s}:{tag}"], capture_output=True).returncode == 0
+        for s in SERVICE_IMAGES
+    )
+
+
 @pytest.mark.timeout(3000)
 def test_compose_cluster_runs_a_job(tmp_path):
     why = _docker_usable()
     if why:
         pytest.skip(why)
+    # Building every image from nothing takes ~20 minutes on 2 shared cores (deploy/README.md), more than the
+    # CI budget leaves; with the images present (`make images` before, or a CI cache of the Docker data
+    # root) the build reuses its layers and the whole test takes minutes. ROLLART_COMPOSE_SMOKE=1 runs it
+    # regardless, =0 never.
+    wanted = os.environ.get("ROLLART_COMPOSE_SMOKE", "")
+    if wanted == "0" or (wanted != "1" and not _images_present()):
+        pytest.skip(
+            "service images not built: a cold build exceeds the CI budget; run `make images` first, "
+            "`make compose-smoke`, or set ROLLART_COMPOSE_SMOKE=1"
+        )
     proc = subprocess.run(
         [sys.executable, str(REPO / "deploy" / "smoke" / "compose_smoke.py"), "--steps", "2", "--tls", "mtls"],
         capture_output=True,
