@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
         for name, line in known.items():
             print(f"  {name:<{width}}  {line}")
         return 0
-    name = argv[0].removeprefix("bench_").removesuffix(".py")
+    name = argv[0].removeprefix("bench_").removesuffix(".py").replace("-", "_")  # weights-scale = weights_scale
     if name not in known:
         print(f"unknown benchmark {argv[0]!r}; known: {', '.join(known)}", file=sys.stderr)
         return 2

@@ -17,6 +17,13 @@ Rows, per model:
   checkpoint store does on open.
 GB/s = model bytes / seconds. "vs disk" = disk time / this time for the same direction (higher is better;
 publish is compared with the disk write, pulls with the cold read + SHA-256, the read a joiner does).
+
+Hidden pull (``--rollout-s``, default 3 s): an actor process runs the actor's own ``WeightManager`` (its
+background bucket watcher) while a stand-in for generation keeps its event loop and a core busy; this
+process publishes version v, the actor keeps "generating" for ``rollout-s`` and then asks
+``PullBuckets(v, apply)`` as the trainer's next step would. Per update: accumulated pull (start to verified
+weights, wherever it ran), exposed pull (what PullBuckets waited for), swap (the apply: payload written
+and loaded by a stand-in engine). The same run without the watcher gives the all-exposed baseline.
 """
 
 from __future__ import annotations
@@ -115,6 +122,115 @@ def worker(master: str) -> None:
         )
         del got
     os._exit(0)
+
+
+def actor_worker(master: str, model_dir: str, background: bool) -> None:
+    """The actor side of the hidden-pull rows: JSON {"version", "rollout_s"} per line on stdin."""
+    import asyncio
+
+    from rollart_actor.weights import HostWeights, WeightManager
+
+    class SwapEngine:
+        version = 0
+
+        async def update_weights(self, payload, to_version, *, mode="keep", wait_timeout=60.0, after_load=None):  # type: ignore[no-untyped-def]
+            from types import SimpleNamespace
+
+            t0 = time.perf_counter()
+            ws = load_safetensors(payload)
+            _ = sum(int(np.asarray(a).reshape(-1)[:1].sum()) for a in ws.arrays.values())
+            if after_load is not None:
+                after_load()
+            self.version = to_version
+            dt = time.perf_counter() - t0
+            return SimpleNamespace(requests_recomputed=0, recomputed_tokens=0, prefix_cache_reset=False,
+                                   pause_window_s=dt, load_s=dt, aborted=0, rpc={"tensors": len(ws.arrays)},
+                                   completed_at=time.time())
+
+    async def generate(seconds: float) -> int:
+        """Stand-in for decoding: ~5 ms of matrix work per step on the event loop, as an engine's steps."""
+        a = np.random.default_rng(0).standard_normal((192, 192)).astype(np.float32)
+        steps, end = 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            a = np.tanh(a @ a)
+            steps += 1
+            await asyncio.sleep(0)
+        return steps
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory(prefix="bench-actor-") as work:
+            host = HostWeights.load(model_dir, 0)
+            manager = WeightManager(host, SwapEngine(), Path(work), key=None, job=JOB)
+            manager.background_pulls = background
+            if background:
+                manager.watch_buckets(master, interval=0.1)
+            loop = asyncio.get_running_loop()
+            print("READY", flush=True)
+            while True:
+                line = await loop.run_in_executor(None, sys.stdin.readline)
+                if not line or json.loads(line).get("op") == "exit":
+                    break
+                cmd = json.loads(line)
+                steps = await generate(cmd["rollout_s"])
+                await manager.pull_buckets(master, cmd["version"], apply=True)
+                acc = manager.pull_accounts[-1]
+                print(json.dumps({"accumulated": acc.accumulated_s, "exposed": acc.exposed_s, "swap": acc.swap_s,
+                                  "background": acc.background, "steps": steps}), flush=True)
+            await manager.stop_buckets()
+
+    asyncio.run(run())
+    os._exit(0)
+
+
+def hidden_rows(ws: WeightSet, master: str, work: Path, bucket_bytes: int, repeat: int, rollout_s: float) -> dict:
+    """Per mode (background watcher / none): accumulated, exposed and swap seconds per update (medians)."""
+    model_dir = work / "hidden-model"
+    model_dir.mkdir(exist_ok=True)
+    save_safetensors(model_dir / "model.safetensors", ws)
+    pub = BucketPublisher(MooncakeConfig(master), JOB, bucket_bytes=bucket_bytes, keep_versions=2)
+    out: dict = {}
+    version = 100
+    try:
+        for background in (True, False):
+            argv = [sys.executable, __file__, "--actor-worker", master, "--model-dir", str(model_dir)]
+            proc = subprocess.Popen(argv + (["--background"] if background else []), stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+            assert proc.stdout is not None and proc.stdin is not None
+            assert proc.stdout.readline().strip() == "READY"
+            rows = []
+            for _ in range(repeat + 1):
+                version += 1
+                pub.publish(version, perturbed(ws, version))  # the trainer publishes; the actor keeps generating
+                proc.stdin.write(json.dumps({"version": version, "rollout_s": rollout_s}) + "\n")
+                proc.stdin.flush()
+                rows.append(json.loads(proc.stdout.readline()))
+            proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
+            proc.stdin.flush()
+            proc.wait(60)
+            steady = rows[1:]  # the first update also connects the actor's Mooncake client
+            acc = statistics.median(r["accumulated"] for r in steady)
+            exp = statistics.median(r["exposed"] for r in steady)
+            out["background" if background else "on demand"] = {
+                "accumulated_s": acc,
+                "exposed_s": exp,
+                "swap_s": statistics.median(r["swap"] for r in steady),
+                "hidden": 1 - sum(r["exposed"] for r in steady) / sum(r["accumulated"] for r in steady),
+                "updates": rows,
+            }
+    finally:
+        pub.close()
+    return out
+
+
+def hidden_table(label: str, rows: dict, rollout_s: float) -> list[str]:
+    lines = [f"#### {label}: pull hidden behind {rollout_s:g} s of rollout", "",
+             "| actor | accumulated pull s | exposed pull s | hidden | swap s | exposed vs on demand |",
+             "|---|---:|---:|---:|---:|---:|"]
+    base = rows["on demand"]["exposed_s"]
+    for mode, r in rows.items():
+        lines.append(f"| {mode} | {r['accumulated_s']:.3f} | {r['exposed_s']:.3f} | {r['hidden']:.0%} | "
+                     f"{r['swap_s']:.3f} | {r['exposed_s'] / base:.2f}x |")
+    return lines + [""]
 
 
 class Puller:
@@ -254,6 +370,12 @@ def build_tiny(out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", metavar="MASTER", help=argparse.SUPPRESS)
+    ap.add_argument("--actor-worker", metavar="MASTER", help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--background", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rollout-s", type=float, default=3.0, help="rollout between publish and update (0: skip)")
+    ap.add_argument("--skip-disk", action="store_true", help="only the hidden-pull rows")
+    ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--tiny", type=Path, help="a tiny Qwen3 directory (default: build one with --pretrain-steps 0)")
     ap.add_argument("--gib", type=float, default=1.0, help="synthetic model size in GiB (0 to skip)")
     ap.add_argument("--bucket-mib", type=int, default=1024, help="bucket size in MiB")
@@ -262,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.worker)
         return 0
+    if args.actor_worker:
+        actor_worker(args.actor_worker, args.model_dir, args.background)
+        return 0
+    result: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "loadavg": os.getloadavg(), "models": {}}
     t0 = time.perf_counter()
     os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
     with tempfile.TemporaryDirectory(prefix="bench-buckets-") as tmp:
@@ -276,14 +402,25 @@ def main(argv: list[str] | None = None) -> int:
             if args.gib > 0:
                 models.append((f"synthetic bf16 {args.gib:g} GiB", synthetic_model(args.gib)))
             for label, ws in models:
-                disk = disk_rows(ws, work, args.repeat)
-                mc, buckets = mooncake_rows(ws, master.address, args.bucket_mib << 20, args.repeat)
-                lines = table(label, ws.nbytes, disk, mc, buckets)
-                print("\n".join(lines), flush=True)
-                out += lines
+                entry: dict = {"bytes": ws.nbytes}
+                if not args.skip_disk:
+                    disk = disk_rows(ws, work, args.repeat)
+                    mc, buckets = mooncake_rows(ws, master.address, args.bucket_mib << 20, args.repeat)
+                    lines = table(label, ws.nbytes, disk, mc, buckets)
+                    print("\n".join(lines), flush=True)
+                    out += lines
+                    entry |= {"disk": disk, "mooncake": mc, "buckets": buckets}
+                if args.rollout_s > 0:
+                    hidden = hidden_rows(ws, master.address, work, args.bucket_mib << 20, args.repeat, args.rollout_s)
+                    lines = hidden_table(label, hidden, args.rollout_s)
+                    print("\n".join(lines), flush=True)
+                    entry["hidden_pull"] = hidden
+                result["models"][label] = entry
         finally:
             master.stop()
     print(f"bucket size {args.bucket_mib} MiB; total {time.perf_counter() - t0:.1f} s")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0
 
 

@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", type=float, default=64e6)
     ap.add_argument("--density", type=float, default=0.03, help="fraction of entries changed per version")
     ap.add_argument("--k", default="1,3,10")
+    ap.add_argument("--json", type=Path, help="write the figures here")
     a = ap.parse_args(argv)
     a.k = [int(x) for x in a.k.split(",")]
     rows, model_bytes, delta = asyncio.run(run(a))
@@ -171,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'rejoin by':<18} {'bytes MB':>9} {'of model':>9} {'local s':>8} {'at 1 Gb/s s':>12}")
     for name, nbytes, dt in rows:
         print(f"{name:<18} {nbytes / 1e6:>9.1f} {nbytes / model_bytes:>8.0%} {dt:>8.2f} {dt + nbytes / LINK:>12.2f}")
+    if a.json:
+        a.json.write_text(json.dumps({
+            "args": {"params": a.params, "density": a.density, "k": a.k},
+            "model_bytes": model_bytes, "mean_delta_bytes": delta, "loadavg": os.getloadavg(),
+            "rows": [{"rejoin": name, "bytes": nbytes, "local_s": dt, "at_1gbps_s": dt + nbytes / LINK}
+                     for name, nbytes, dt in rows],
+        }, indent=1))
     return 0
 
 

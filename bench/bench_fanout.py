@@ -58,8 +58,10 @@ async def actor_node(endpoint: str, version: int, n: int, streams: int) -> None:
         return time.time()
 
     print("READY", flush=True)
+    t0 = os.times()
     done = await asyncio.gather(*(actor(i) for i in range(n)))
-    print(json.dumps({"done": done}), flush=True)
+    t1 = os.times()
+    print(json.dumps({"done": done, "user": t1.user - t0.user, "sys": t1.system - t0.system}), flush=True)
 
 
 async def _nothing(seg: object) -> None:
@@ -69,9 +71,10 @@ async def _nothing(seg: object) -> None:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def start_relay(tmp: Path, mode: str) -> tuple[subprocess.Popen, dict]:
-    ready = tmp / f"relay-{mode}.ready"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLART_")}
+def start_relay(tmp: Path, mode: str, env: dict[str, str] | None = None, tag: str = "") -> tuple[subprocess.Popen, dict]:
+    tag = tag or mode
+    ready = tmp / f"relay-{tag}.ready"
+    env = dict(env) if env is not None else {k: v for k, v in os.environ.items() if not k.startswith("ROLLART_")}
     env.update(
         ROLLART_LISTEN="127.0.0.1:0",
         ROLLART_METRICS_LISTEN="none",
@@ -79,14 +82,14 @@ def start_relay(tmp: Path, mode: str) -> tuple[subprocess.Popen, dict]:
         ROLLART_JOB_ID=JOB,
         ROLLART_JOB_KEY=KEY.decode(),
         ROLLART_READY_FILE=str(ready),
-        ROLLART_CACHE_DIR=str(tmp / f"cache-{mode}"),
+        ROLLART_CACHE_DIR=str(tmp / f"cache-{tag}"),
         ROLLART_FORWARD_MODE=mode,
         ROLLART_PULL_WAIT_SECONDS="60",
         ROLLART_LOG_LEVEL="WARNING",
     )
     exe = Path(sys.executable).parent / "rollart-relay"
     proc = subprocess.Popen(
-        [str(exe)], env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / f"relay-{mode}.log", "wb")
+        [str(exe)], env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / f"relay-{tag}.log", "wb")
     )
     deadline = time.time() + 30
     while not ready.exists():
@@ -105,19 +108,26 @@ def start_emulator(target: str, a: argparse.Namespace, lan: bool = False) -> tup
     return proc, proc.stdout.readline().strip()
 
 
-def start_actors(endpoint: str, version: int, n: int, streams: int) -> subprocess.Popen:
+def start_actors(
+    endpoint: str, version: int, n: int, streams: int, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     argv = [sys.executable, __file__, "--actor-node", endpoint, "--version", str(version), "--n", str(n)]
     argv += ["--streams", str(streams)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
     return proc
 
 
 def finish_actors(proc: subprocess.Popen) -> list[float]:
-    out, _ = proc.communicate(timeout=300)
+    return actor_report(proc)["done"]
+
+
+def actor_report(proc: subprocess.Popen) -> dict:
+    """The actor node's last line: completion times ("done") and its CPU seconds after READY ("cpu")."""
+    out, _ = proc.communicate(timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"actor node failed ({proc.returncode})")
-    return json.loads(out.strip().splitlines()[-1])["done"]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 async def trainer_push(
@@ -188,6 +198,128 @@ async def run(a: argparse.Namespace) -> list[tuple]:
     return rows
 
 
+# ------------------------------------------------------------------------------------ forward CPU per GB
+
+
+def proc_cpu(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process so far (/proc; 10 ms resolution)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def one_core_limits(mb: int = 256) -> dict[str, float]:
+    """CPU seconds per GB on one core of what a relay must do to every byte: copy it (the kernel's recv and
+    send copies are memcpy-like), CRC-32 and HMAC-SHA256 it (segment verification) and SHA-256 it (h(v))."""
+    import hashlib
+    import hmac
+    import zlib
+
+    import numpy as np
+
+    src = np.random.default_rng(0).integers(0, 255, mb << 20, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # touch the pages first
+    chunk = 1 << 20
+    views = [memoryview(src)[i : i + chunk] for i in range(0, src.size, chunk)]
+
+    def timed(fn: object) -> float:
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.process_time()
+            fn()  # type: ignore[operator]
+            best = min(best, time.process_time() - t0)
+        return best / (src.size / 1e9)
+
+    return {
+        "memcpy": timed(lambda: np.copyto(dst, src)),
+        "crc32": timed(lambda: [zlib.crc32(v) for v in views]),
+        "hmac_sha256": timed(lambda: [hmac.new(KEY, v, hashlib.sha256).digest() for v in views]),
+        "sha256": timed(lambda: [hashlib.sha256(v).digest() for v in views]),
+    }
+
+
+def relay_env_libs(libs: Path | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLART_")}
+    if libs is not None:  # an older rollart package first on the path: the baseline relay
+        env["PYTHONPATH"] = os.pathsep.join([str(libs), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def export_libs(ref: str, dest: Path) -> Path:
+    """``libs/rollart`` as of git ``ref`` (for a baseline relay in the same run)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "libs/rollart"], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest / "libs"
+
+
+async def forward_cpu(
+    segs: list[bytes], version: int, n: int, streams: int, tmp: Path, libs: Path | None = None
+) -> dict[str, float]:
+    """Push one delta (no emulated links) to a real relay that N actors follow; CPU seconds of the relay and
+    of the actors' process per GB of delta."""
+    relay, info = start_relay(tmp, "cut_through", env=relay_env_libs(libs), tag=f"cpu-{version}")
+    hub = DeltaHub(job=JOB, key=KEY, relay_id="trainer", max_versions=2, pull_wait=60)
+    await hub.start("127.0.0.1:0")
+    try:
+        actors = start_actors(info["data_endpoint"], version, n, streams, env=relay_env_libs(libs))
+        for raw in segs:
+            await hub.ingest(raw, verify=False)
+        r0 = proc_cpu(relay.pid)
+        t0 = time.time()
+        await hub.push_version(info["data_endpoint"], version, streams=streams, timeout=600)
+        report = await asyncio.to_thread(actor_report, actors)
+        r1 = proc_cpu(relay.pid)
+        gb = sum(map(len, segs)) / 1e9
+        return {
+            "gb": gb,
+            "n": n,
+            "wall_s": max(report["done"]) - t0,
+            "relay_cpu_s_per_gb": (r1[0] + r1[1] - r0[0] - r0[1]) / gb,
+            "relay_user_s_per_gb": (r1[0] - r0[0]) / gb,
+            "relay_sys_s_per_gb": (r1[1] - r0[1]) / gb,
+            "actor_cpu_s_per_gb": (report["user"] + report["sys"]) / gb / n,
+            "actor_user_s_per_gb": report["user"] / gb / n,
+        }
+    finally:
+        relay.terminate()
+        relay.wait(10)
+        await hub.stop()
+
+
+async def cpu_section(a: argparse.Namespace) -> dict:
+    """Relay forward CPU per GB (this tree's relay, and the ``--baseline-ref`` one) beside one core's limits."""
+    out: dict = {"limits_s_per_gb": one_core_limits(), "rows": []}
+    with tempfile.TemporaryDirectory(prefix="bench-fanout-cpu-") as d:
+        tmp = Path(d)
+        variants: list[tuple[str, Path | None]] = [("this tree", None)]
+        if a.baseline_ref:
+            variants.insert(0, (a.baseline_ref, export_libs(a.baseline_ref, tmp)))
+        version = 0
+        for label, libs in variants:
+            for n in a.cpu_n:
+                version += 1
+                vsegs = make_delta(a.cpu_mb, version, segment_kb=a.cpu_segment_kb)
+                row = await forward_cpu(vsegs, version, n, a.streams, tmp, libs)
+                row["relay"] = label
+                out["rows"].append(row)
+    return out
+
+
+def print_cpu(cpu: dict) -> None:
+    lim = cpu["limits_s_per_gb"]
+    print("one core, CPU s per GB: " + ", ".join(f"{k} {v:.3f}" for k, v in lim.items()))
+    verify = lim["crc32"] + lim["hmac_sha256"] + lim["sha256"]
+    print(f"{'relay':<14} {'N':>3} {'GB':>6} {'wall s':>7} {'relay CPU s/GB':>15} {'user':>6} {'sys':>6} "
+          f"{'x (verify+copies)':>18} {'actor CPU s/GB':>15} {'user':>6} {'x verify':>9}")
+    for r in cpu["rows"]:
+        floor = verify + (1 + r["n"]) * lim["memcpy"]  # verify once, one kernel copy in, N out
+        print(f"{r['relay']:<14} {r['n']:>3} {r['gb']:>6.2f} {r['wall_s']:>7.2f} {r['relay_cpu_s_per_gb']:>15.2f} "
+              f"{r['relay_user_s_per_gb']:>6.2f} {r['relay_sys_s_per_gb']:>6.2f} "
+              f"{r['relay_cpu_s_per_gb'] / floor:>17.2f}x {r['actor_cpu_s_per_gb']:>15.2f} "
+              f"{r['actor_user_s_per_gb']:>6.2f} {r['actor_cpu_s_per_gb'] / (verify + lim['memcpy']):>8.2f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--actor-node", metavar="ENDPOINT", help=argparse.SUPPRESS)
@@ -202,21 +334,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lan-rtt-ms", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=3, help="runs per point (median)")
     ap.add_argument("--segment-kb", type=int, default=256, help="maximum segment size, KiB (cut-through unit)")
+    ap.add_argument("--skip-links", action="store_true", help="only the forward-CPU section")
+    ap.add_argument("--cpu-mb", type=float, default=100.0, help="delta size of the forward-CPU section (0: skip)")
+    ap.add_argument("--cpu-n", default="1,8", help="actor counts of the forward-CPU section")
+    ap.add_argument("--cpu-segment-kb", type=int, default=1024)
+    ap.add_argument("--baseline-ref", default="", help="git ref whose libs/rollart runs a second relay, side by side")
+    ap.add_argument("--json", type=Path, help="write the figures here")
     a = ap.parse_args(argv)
     if a.actor_node:
         asyncio.run(actor_node(a.actor_node, a.version, int(a.n), a.streams))
         return 0
     a.n = [int(x) for x in a.n.split(",")]
-    rows = asyncio.run(run(a))
-    size = sum(map(len, make_delta(a.mb, 1, segment_kb=a.segment_kb)))
-    print(
-        f"delta {size / 1e6:.1f} MB in {a.segment_kb} KiB segments; WAN uplink {a.link_mbps:g} MB/s, RTT {a.rtt_ms:g} ms; relay -> actors LAN "
-        f"{a.lan_mbps:g} MB/s shared, RTT {a.lan_rtt_ms:g} ms; S={a.streams}"
-    )
-    print(f"{'mode':<18} {'N':>3} {'egress MB':>10} {'x delta':>8} {'last actor s':>13} {'vs direct':>10}")
-    direct = {n: t for m, n, _, t, _ in rows if m == "trainer_direct"}
-    for mode, n, egress, t, _ in rows:
-        print(f"{mode:<18} {n:>3} {egress / 1e6:>10.1f} {egress / size:>8.2f} {t:>13.2f} {direct[n] / t:>9.2f}x")
+    a.cpu_n = [int(x) for x in a.cpu_n.split(",")]
+    result: dict = {"args": {k: v for k, v in vars(a).items() if k != "json"}, "uptime": os.getloadavg()}
+    if not a.skip_links:
+        rows = asyncio.run(run(a))
+        size = sum(map(len, make_delta(a.mb, 1, segment_kb=a.segment_kb)))
+        print(
+            f"delta {size / 1e6:.1f} MB in {a.segment_kb} KiB segments; WAN uplink {a.link_mbps:g} MB/s, RTT {a.rtt_ms:g} ms; relay -> actors LAN "
+            f"{a.lan_mbps:g} MB/s shared, RTT {a.lan_rtt_ms:g} ms; S={a.streams}"
+        )
+        # What the links alone allow: the WAN leg, then the LAN carries N copies (cut-through overlaps them).
+        print(f"{'mode':<18} {'N':>3} {'egress MB':>10} {'x delta':>8} {'last actor s':>13} {'vs direct':>10} "
+              f"{'vs N=1':>7} {'links s':>8}")
+        direct = {n: t for m, n, _, t, _ in rows if m == "trainer_direct"}
+        one = {m: t for m, n, _, t, _ in rows if n == 1}
+        result["links"] = []
+        for mode, n, egress, t, _ in rows:
+            links = max(size / (a.link_mbps * 1e6), n * size / (a.lan_mbps * 1e6))
+            if mode == "trainer_direct":
+                links = n * size / (a.link_mbps * 1e6)
+            print(f"{mode:<18} {n:>3} {egress / 1e6:>10.1f} {egress / size:>8.2f} {t:>13.2f} {direct[n] / t:>9.2f}x "
+                  f"{t / one[mode]:>6.2f}x {links:>8.2f}")
+            result["links"].append({"mode": mode, "n": n, "egress_bytes": egress, "seconds": t,
+                                    "vs_n1": t / one[mode], "link_bound_s": links})
+    if a.cpu_mb > 0:
+        cpu = asyncio.run(cpu_section(a))
+        print_cpu(cpu)
+        result["forward_cpu"] = cpu
+    if a.json:
+        a.json.write_text(json.dumps(result, indent=1, default=str))
     return 0
 
 

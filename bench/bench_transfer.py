@@ -62,9 +62,12 @@ def make_delta(mb: float, version: int, seed: int = 0, segment_kb: int = 512) ->
     return out
 
 
-def start_relay(tmp: Path) -> tuple[subprocess.Popen, str]:
+def start_relay(tmp: Path, libs: Path | None = None) -> tuple[subprocess.Popen, str]:
     ready = tmp / "relay.ready"
+    ready.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLART_")}
+    if libs is not None:  # an older rollart package first on the path: the baseline relay
+        env["PYTHONPATH"] = os.pathsep.join([str(libs), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(
         ROLLART_LISTEN="127.0.0.1:0",
         ROLLART_METRICS_LISTEN="none",
@@ -112,43 +115,66 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stall-ms", type=float, default=100.0)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--segment-kb", type=int, default=512, help="maximum segment size, KiB")
+    ap.add_argument("--baseline-ref", default="", help="git ref whose libs/rollart runs the relay, side by side")
+    ap.add_argument("--json", type=Path, help="write the figures here")
     a = ap.parse_args(argv)
     streams = [int(s) for s in a.streams.split(",")]
+    result: dict = {"args": {k: str(v) for k, v in vars(a).items()}, "loadavg_start": os.getloadavg(), "runs": {}}
+    version = 0
     with tempfile.TemporaryDirectory(prefix="bench-transfer-") as d:
         tmp = Path(d)
-        relay, data = start_relay(tmp)
-        emu, endpoint = start_emulator(data, a)
-        try:
-            rows = []
-            version = 0
-            for s in streams:
-                times, stats = [], None
-                for _ in range(a.repeat):
-                    version += 1
-                    segs = make_delta(a.mb, version, segment_kb=a.segment_kb)
-                    stats = asyncio.run(one(endpoint, segs, version, s))
-                    times.append(stats.seconds)
-                assert stats is not None
-                rows.append((s, statistics.median(times), min(times), max(times), stats))
-        finally:
-            emu.terminate()
-            relay.terminate()
-            relay.wait(10)
+        variants: list[tuple[str, Path | None]] = [("this tree", None)]
+        if a.baseline_ref:
+            from bench.bench_fanout import export_libs
+
+            variants.insert(0, (f"relay at {a.baseline_ref}", export_libs(a.baseline_ref, tmp)))
+        for label, libs in variants:
+            relay, data = start_relay(tmp, libs)
+            emu, endpoint = start_emulator(data, a)
+            try:
+                rows = []
+                for s in streams:
+                    times, stats = [], None
+                    for _ in range(a.repeat):
+                        version += 1
+                        segs = make_delta(a.mb, version, segment_kb=a.segment_kb)
+                        stats = asyncio.run(one(endpoint, segs, version, s))
+                        times.append(stats.seconds)
+                    assert stats is not None
+                    rows.append((s, statistics.median(times), min(times), max(times), stats))
+            finally:
+                emu.terminate()
+                relay.terminate()
+                relay.wait(10)
+            result["runs"][label] = print_rows(label, rows, a)
+    result["loadavg_end"] = os.getloadavg()
+    if a.json:
+        import json
+
+        a.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def print_rows(label: str, rows: list, a: argparse.Namespace) -> list[dict]:
     size = rows[0][4].payload_bytes
     base = rows[0][1]
     print(
-        f"delta {size / 1e6:.1f} MB in {a.segment_kb} KiB segments; link {a.link_mbps:g} MB/s shared, {a.flow_mbps:g} MB/s per flow, RTT "
-        f"{a.rtt_ms:g} ms, stalls p={a.stall_prob:g}/64KiB x {a.stall_ms:g} ms; median of {a.repeat}"
+        f"[{label}] delta {size / 1e6:.1f} MB in {a.segment_kb} KiB segments; link {a.link_mbps:g} MB/s shared, "
+        f"{a.flow_mbps:g} MB/s per flow, RTT {a.rtt_ms:g} ms, stalls p={a.stall_prob:g}/64KiB x {a.stall_ms:g} ms; "
+        f"median of {a.repeat}"
     )
     print(f"{'streams':>7} {'time s':>8} {'min..max':>13} {'MB/s':>7} {'of link':>8} {'speedup':>8} {'resent':>7}")
+    out = []
     for s, med, lo, hi, st in rows:
         rate = size / med / 1e6
         print(
             f"{s:>7} {med:>8.2f} {lo:>6.2f}..{hi:<6.2f} {rate:>7.1f} {rate / a.link_mbps:>7.0%} {base / med:>7.2f}x "
             f"{st.resent:>7}"
         )
+        out.append({"streams": s, "seconds": med, "min": lo, "max": hi, "mb_per_s": rate,
+                    "of_link": rate / a.link_mbps, "speedup": base / med, "resent": st.resent, "bytes": size})
     print("reference (AuroraRL): 4.71 s -> 2.90 s with 4 streams = 1.62x")
-    return 0
+    return out
 
 
 if __name__ == "__main__":

@@ -351,6 +351,7 @@ class WeightManager:
         self._inflight_orders: dict[str, asyncio.Task] = {}
         # Background bucket pulls (weight_sync buckets): the next version is pulled while rollout goes on.
         self.bucket_master: str | None = None
+        self.background_pulls = True  # False: every pull starts when PullBuckets asks (the all-exposed baseline)
         self.bucket_pulls: dict[int, BucketPull] = {}
         self.pull_accounts: collections.deque[PullAccount] = collections.deque(maxlen=256)
         self._bucket_reader: Any = None
@@ -792,7 +793,8 @@ class WeightManager:
         t0 = time.monotonic()
         try:
             pull = self.prefetch_buckets(master, version, background=False)
-            self.watch_buckets(master)
+            if self.background_pulls:
+                self.watch_buckets(master)
             try:
                 pulled = await asyncio.shield(pull.task)
             except WeightError:
