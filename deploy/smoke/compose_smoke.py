@@ -45,6 +45,7 @@ PORTS = {
     "actor-2": 25059,
 }
 MOONCAKE = "127.0.0.1:25088"
+JOB_ID = "compose-smoke"
 # The images the cluster runs (the Mooncake master runs from the trainer's; no devtools image: the model is
 # built on the host).
 SERVICE_IMAGES = ["resource-manager", "ledger", "relay", "trainer", "actor", "llmproxy", "envmanager", "reward"]
@@ -262,7 +263,7 @@ async def run_job(steps: int, loops: int, tls_cfg: Any, token: str, timeout: flo
 
     data = load_job_file(REPO / "examples" / "frozenlake.yaml")
     spec = job_spec(data["job"])
-    spec.job_id = "compose-smoke"
+    spec.job_id = JOB_ID
     spec.max_steps = steps + 5  # the job is still running when the check passes
     spec.batch_size, spec.group_size = 16, 4
     spec.model = MODEL_IN_CONTAINERS
@@ -368,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             **{k: v for k, v in os.environ.items() if not k.startswith("ROLLART_")},
             "ROLLART_JOB_TOKEN": token,
             "ROLLART_JOB_KEY": key,
+            "ROLLART_JOB_ID": JOB_ID,  # the weight plane's job: StartJob must name the same one
             "ROLLART_TAG": args.tag,
             "REDIS_IMAGE": images.get("REDIS_IMAGE", "redis:7"),
             "ROLLART_MODELS_DIR": str(models),
@@ -403,8 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster.wait_healthy(60)  # still all healthy with the job running
         timings["cluster_s"] = round(time.monotonic() - t0, 1)
         ok = True
-    except (SmokeFailure, subprocess.TimeoutExpired, OSError) as exc:
-        say(f"FAILED: {exc}")
+    except Exception as exc:  # noqa: BLE001 - any failure is reported, then everything is removed
+        say(f"FAILED: {type(exc).__name__}: {exc}")
     finally:
         if cluster is not None and not args.keep:
             t0 = time.monotonic()
