@@ -186,7 +186,7 @@ class PullAccount:
 
     @property
     def hidden(self) -> float:
-        return 1.0 - self.exposed_s / self.accumulated_s if self.accumulated_s > 0 else 0.0
+        return min(1.0, max(0.0, 1.0 - self.exposed_s / self.accumulated_s)) if self.accumulated_s > 0 else 0.0
 
 
 class HostWeights:
