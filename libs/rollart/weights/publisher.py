@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -222,10 +223,15 @@ class Publisher:
         result = PublishResult(version, None if prev is None else prev.version, None)
         jobs: list[asyncio.Future] = []
         want_ckpt = self.store is not None and (prev is None or version % self.checkpoint_every == 0)
+        delta_hash = asyncio.Event()  # set once the delta's h(v) is in snap.applied_hash (or the delta failed)
         if prev is not None:
-            jobs.append(asyncio.ensure_future(self._stream_delta(prev, snap, result, t0)))
+            delta_job = asyncio.ensure_future(self._stream_delta(prev, snap, result, t0, delta_hash))
+            delta_job.add_done_callback(lambda _: delta_hash.set())
+            jobs.append(delta_job)
+        else:
+            delta_hash.set()
         if self.buckets is not None:
-            jobs.append(asyncio.ensure_future(self._buckets(version, snap, result)))
+            jobs.append(asyncio.ensure_future(self._buckets(version, snap, result, delta_hash)))
         if jobs:
             # The delta's hash goes into the checkpoint's metadata, so the checkpoint waits for it.
             await asyncio.gather(*jobs)
@@ -248,7 +254,9 @@ class Publisher:
         )
         return result
 
-    async def _stream_delta(self, prev: WeightSet, snap: WeightSet, result: PublishResult, t0: float) -> None:
+    async def _stream_delta(
+        self, prev: WeightSet, snap: WeightSet, result: PublishResult, t0: float, hash_known: asyncio.Event
+    ) -> None:
         version = snap.version
         assert version is not None
         buf = self.hub.buffer(version, "trainer")
@@ -313,6 +321,7 @@ class Publisher:
         result.segments = w.segment_count + 1
         result.entries = w.total_entries
         snap.applied_hash = w.hash
+        hash_known.set()
         result.relays = list(await asyncio.gather(*pushes))
         result.relay_seconds = time.perf_counter() - t0
 
@@ -349,8 +358,22 @@ class Publisher:
         res.seconds = time.perf_counter() - t0
         return res
 
-    async def _buckets(self, version: int, snap: WeightSet, result: PublishResult) -> None:
-        manifest = await asyncio.to_thread(self.buckets.publish, version, snap)
+    async def _buckets(self, version: int, snap: WeightSet, result: PublishResult, hash_known: asyncio.Event) -> None:
+        """Buckets beside the delta: packed and written at once, committed once the manifest can name the
+        version's h(v) (the delta's hash; before it is known ``snap.applied_hash`` is the trainer's stale one,
+        and actors would refuse the pulled weights as DATA_LOSS)."""
+        pub = self.buckets
+        if not (hasattr(pub, "prepare") and hasattr(pub, "commit")):
+            await hash_known.wait()
+            manifest = await asyncio.to_thread(pub.publish, version, snap)
+        else:
+            prepared = await asyncio.to_thread(pub.prepare, version, snap)
+            await hash_known.wait()
+            if snap.applied_hash is None or result.hash is None and result.base_version is not None:
+                await asyncio.to_thread(pub.discard, prepared)  # the delta failed: its error ends the publish
+                return
+            prepared.manifest = dataclasses.replace(prepared.manifest, applied_hash=snap.applied_hash.hex())
+            manifest = await asyncio.to_thread(pub.commit, prepared)
         result.buckets = [b.key for b in getattr(manifest, "buckets", ())]
 
     # --------------------------------------------------------------------------------------------- commit

@@ -364,6 +364,8 @@ async def test_publisher_writes_buckets_to_a_real_mooncake_store(tmp_path: Path)
         try:
             got = await asyncio.to_thread(reader.pull, 1)
             assert digest(got.weights) == digest(ws[1])
+            # The manifest names the version's h(v), the delta's hash (an actor checks it against the ledger).
+            assert got.weights.applied_hash == r1.hash == r1.weights_hash
         finally:
             reader.close()
     finally:
