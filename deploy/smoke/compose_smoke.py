@@ -352,8 +352,9 @@ def main(argv: list[str] | None = None) -> int:
         model = build_model(REPO / "build" / "compose-smoke")
         models = work / "models"
         shutil.copytree(model.parent, models)
-        weights = work / "weights"
+        weights, trainer_dir = work / "weights", work / "trainer"
         weights.mkdir()
+        trainer_dir.mkdir()
         pki, other_pki = work / "tls", work / "other-tls"
         for d in (pki, other_pki):
             run(["bash", str(REPO / "deploy/tls/make-certs.sh"), str(d)])
@@ -374,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             "REDIS_IMAGE": images.get("REDIS_IMAGE", "redis:7"),
             "ROLLART_MODELS_DIR": str(models),
             "ROLLART_WEIGHTS_DIR": str(weights),
+            "ROLLART_TRAINER_DIR": str(trainer_dir),
             "ROLLART_MODEL": MODEL_IN_CONTAINERS,
             "ROLLART_WEIGHT_HASH": model_dir_digest(models / "tiny").hex(),
             "ROLLART_TLS_DIR": str(pki),
