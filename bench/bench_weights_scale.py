@@ -214,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         result["sizes"].append(row)
         gc.collect()
         print(f"{size}: done in {row['seconds']:.0f} s", flush=True)
+        if a.json:  # after every size: a long run that is stopped keeps what it measured
+            a.json.parent.mkdir(parents=True, exist_ok=True)
+            a.json.write_text(json.dumps(result, indent=1, default=str))
     result["machine"]["loadavg_end"] = os.getloadavg()
 
     print(f"density {a.density:.1%}; CPU seconds per version (the machine is shared: CPU time, not wall)")
