@@ -39,17 +39,20 @@ def _enum_prefix(enum: EnumDescriptor) -> str:
 
 
 def _enum_value(field: FieldDescriptor, raw: Any, where: str) -> Any:
+    enum = field.enum_type
+    if enum is None:
+        raise TypeError(f"{field.full_name} is not an enum field")
     if isinstance(raw, bool) or not isinstance(raw, str | int):
-        raise SpecError(f"{where}: expected a name of {field.enum_type.name}, got {raw!r}")
+        raise SpecError(f"{where}: expected a name of {enum.name}, got {raw!r}")
     if isinstance(raw, int):
         return raw
-    prefix = _enum_prefix(field.enum_type)
+    prefix = _enum_prefix(enum)
     name = raw.strip().upper().replace("-", "_")
     for candidate in (name, prefix + name):
-        if candidate in field.enum_type.values_by_name:
+        if candidate in enum.values_by_name:
             return candidate
-    known = [v.name.removeprefix(prefix).lower() for v in field.enum_type.values if v.number]
-    raise SpecError(f"{where}: unknown {field.enum_type.name} {raw!r} (one of {', '.join(known)})")
+    known = [v.name.removeprefix(prefix).lower() for v in enum.values if v.number]
+    raise SpecError(f"{where}: unknown {enum.name} {raw!r} (one of {', '.join(known)})")
 
 
 def _duration(raw: Any, where: str) -> str:
@@ -117,7 +120,8 @@ def to_message(cls: type[Message], data: Mapping[str, Any] | None, where: str = 
     if not data:
         return msg
     try:
-        json_format.ParseDict(_normalise(cls.DESCRIPTOR, data, where), msg)
+        # The protobuf stub's DESCRIPTOR is a union with upb's Descriptor, the same class at runtime
+        json_format.ParseDict(_normalise(cls.DESCRIPTOR, data, where), msg)  # type: ignore[arg-type]
     except json_format.ParseError as exc:
         raise SpecError(f"{where or cls.DESCRIPTOR.name}: {exc}") from None
     return msg
