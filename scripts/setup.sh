@@ -20,6 +20,7 @@ declare -A APT_FOR=(
   [make]=make
   [docker-compose]=docker-compose  # validates docker-compose.yml in the tests, runs `make compose-smoke`
   [mmdebstrap]=mmdebstrap        # `make images` without a registry: local Debian base and redis images
+  [luacheck]=lua-check            # lints the ledger's Lua scripts (tests/unit/ledger/test_lua_loading.py)
 )
 missing=()
 for bin in "${!APT_FOR[@]}"; do
