@@ -124,7 +124,14 @@ REJECTION_REASON_UNKNOWN_VERSION: RejectionReason
 REJECTION_REASON_FAILED: RejectionReason
 
 class JobPolicy(_message.Message):
-    __slots__ = ("job_id", "admission", "alpha", "group_size", "redundancy", "lease_ttl_multiplier", "initial_lease_ttl", "min_lease_ttl", "max_lease_ttl", "max_lease_attempts", "actor_timeout", "tau_ema_weight", "tau_decay", "initial_tau", "buffer_capacity", "command_retention")
+    __slots__ = ("job_id", "admission", "alpha", "group_size", "redundancy", "lease_ttl_multiplier", "initial_lease_ttl", "min_lease_ttl", "max_lease_ttl", "max_lease_attempts", "actor_timeout", "tau_ema_weight", "tau_decay", "initial_tau", "buffer_capacity", "command_retention", "task_shares")
+    class TaskSharesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
     ALPHA_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +148,7 @@ class JobPolicy(_message.Message):
     INITIAL_TAU_FIELD_NUMBER: _ClassVar[int]
     BUFFER_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     COMMAND_RETENTION_FIELD_NUMBER: _ClassVar[int]
+    TASK_SHARES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     admission: _common_pb2.AdmissionPolicy
     alpha: int
@@ -157,7 +165,8 @@ class JobPolicy(_message.Message):
     initial_tau: float
     buffer_capacity: int
     command_retention: _duration_pb2.Duration
-    def __init__(self, job_id: _Optional[str] = ..., admission: _Optional[_Union[_common_pb2.AdmissionPolicy, str]] = ..., alpha: _Optional[int] = ..., group_size: _Optional[int] = ..., redundancy: _Optional[int] = ..., lease_ttl_multiplier: _Optional[float] = ..., initial_lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_lease_attempts: _Optional[int] = ..., actor_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tau_ema_weight: _Optional[float] = ..., tau_decay: _Optional[float] = ..., initial_tau: _Optional[float] = ..., buffer_capacity: _Optional[int] = ..., command_retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    task_shares: _containers.ScalarMap[str, float]
+    def __init__(self, job_id: _Optional[str] = ..., admission: _Optional[_Union[_common_pb2.AdmissionPolicy, str]] = ..., alpha: _Optional[int] = ..., group_size: _Optional[int] = ..., redundancy: _Optional[int] = ..., lease_ttl_multiplier: _Optional[float] = ..., initial_lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_lease_attempts: _Optional[int] = ..., actor_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tau_ema_weight: _Optional[float] = ..., tau_decay: _Optional[float] = ..., initial_tau: _Optional[float] = ..., buffer_capacity: _Optional[int] = ..., command_retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., task_shares: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class SetJobPolicyRequest(_message.Message):
     __slots__ = ("policy",)
@@ -901,7 +910,7 @@ class SettlementStats(_message.Message):
     def __init__(self, admitted: _Optional[int] = ..., duplicates: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class LedgerStatus(_message.Message):
-    __slots__ = ("policy", "current_step", "current_version", "latest_version", "versions", "actors", "leases", "open_groups", "buffer", "settlement", "median_completion_time", "lease_ttl", "latest_command_sequence", "server_time", "accounting")
+    __slots__ = ("policy", "current_step", "current_version", "latest_version", "versions", "actors", "leases", "open_groups", "buffer", "settlement", "median_completion_time", "lease_ttl", "latest_command_sequence", "server_time", "accounting", "task_pools")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     CURRENT_STEP_FIELD_NUMBER: _ClassVar[int]
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -917,6 +926,7 @@ class LedgerStatus(_message.Message):
     LATEST_COMMAND_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
     ACCOUNTING_FIELD_NUMBER: _ClassVar[int]
+    TASK_POOLS_FIELD_NUMBER: _ClassVar[int]
     policy: JobPolicy
     current_step: int
     current_version: int
@@ -932,4 +942,19 @@ class LedgerStatus(_message.Message):
     latest_command_sequence: int
     server_time: _timestamp_pb2.Timestamp
     accounting: _common_pb2.GenerationAccounting
-    def __init__(self, policy: _Optional[_Union[JobPolicy, _Mapping]] = ..., current_step: _Optional[int] = ..., current_version: _Optional[int] = ..., latest_version: _Optional[int] = ..., versions: _Optional[_Iterable[_Union[_common_pb2.PolicyVersion, _Mapping]]] = ..., actors: _Optional[_Iterable[_Union[LedgerActor, _Mapping]]] = ..., leases: _Optional[_Union[LeaseCounts, _Mapping]] = ..., open_groups: _Optional[int] = ..., buffer: _Optional[_Union[BufferStats, _Mapping]] = ..., settlement: _Optional[_Union[SettlementStats, _Mapping]] = ..., median_completion_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., latest_command_sequence: _Optional[int] = ..., server_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., accounting: _Optional[_Union[_common_pb2.GenerationAccounting, _Mapping]] = ...) -> None: ...
+    task_pools: _containers.RepeatedCompositeFieldContainer[TaskPoolStatus]
+    def __init__(self, policy: _Optional[_Union[JobPolicy, _Mapping]] = ..., current_step: _Optional[int] = ..., current_version: _Optional[int] = ..., latest_version: _Optional[int] = ..., versions: _Optional[_Iterable[_Union[_common_pb2.PolicyVersion, _Mapping]]] = ..., actors: _Optional[_Iterable[_Union[LedgerActor, _Mapping]]] = ..., leases: _Optional[_Union[LeaseCounts, _Mapping]] = ..., open_groups: _Optional[int] = ..., buffer: _Optional[_Union[BufferStats, _Mapping]] = ..., settlement: _Optional[_Union[SettlementStats, _Mapping]] = ..., median_completion_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., latest_command_sequence: _Optional[int] = ..., server_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., accounting: _Optional[_Union[_common_pb2.GenerationAccounting, _Mapping]] = ..., task_pools: _Optional[_Iterable[_Union[TaskPoolStatus, _Mapping]]] = ...) -> None: ...
+
+class TaskPoolStatus(_message.Message):
+    __slots__ = ("task", "share", "pending_slots", "ready_groups", "inflight_samples")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    PENDING_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    READY_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    share: float
+    pending_slots: int
+    ready_groups: int
+    inflight_samples: int
+    def __init__(self, task: _Optional[str] = ..., share: _Optional[float] = ..., pending_slots: _Optional[int] = ..., ready_groups: _Optional[int] = ..., inflight_samples: _Optional[int] = ...) -> None: ...

@@ -172,7 +172,7 @@ class CheckpointConfig(_message.Message):
     def __init__(self, uri: _Optional[str] = ..., every_steps: _Optional[int] = ..., keep_last: _Optional[int] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class PromptSource(_message.Message):
-    __slots__ = ("task", "environment", "seed", "dataset_uri", "reward", "metadata")
+    __slots__ = ("task", "environment", "seed", "dataset_uri", "reward", "metadata", "share")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -186,13 +186,15 @@ class PromptSource(_message.Message):
     DATASET_URI_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
     task: str
     environment: str
     seed: int
     dataset_uri: str
     reward: _common_pb2.RewardSpec
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, task: _Optional[str] = ..., environment: _Optional[str] = ..., seed: _Optional[int] = ..., dataset_uri: _Optional[str] = ..., reward: _Optional[_Union[_common_pb2.RewardSpec, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    share: float
+    def __init__(self, task: _Optional[str] = ..., environment: _Optional[str] = ..., seed: _Optional[int] = ..., dataset_uri: _Optional[str] = ..., reward: _Optional[_Union[_common_pb2.RewardSpec, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., share: _Optional[float] = ...) -> None: ...
 
 class TrainerEndpoints(_message.Message):
     __slots__ = ("ledger", "llmproxy", "resource_manager")
@@ -205,7 +207,7 @@ class TrainerEndpoints(_message.Message):
     def __init__(self, ledger: _Optional[str] = ..., llmproxy: _Optional[str] = ..., resource_manager: _Optional[str] = ...) -> None: ...
 
 class TrainerJobSpec(_message.Message):
-    __slots__ = ("job_id", "model", "backend", "mode", "alpha", "admission", "batch_size", "group_size", "redundancy", "max_steps", "grpo", "publish", "checkpoint", "prompts", "endpoints", "sampling", "seed", "device", "batch_timeout", "metrics_path", "options", "parallel")
+    __slots__ = ("job_id", "model", "backend", "mode", "alpha", "admission", "batch_size", "group_size", "redundancy", "max_steps", "grpo", "publish", "checkpoint", "prompts", "endpoints", "sampling", "seed", "device", "batch_timeout", "metrics_path", "options", "parallel", "tasks")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +237,7 @@ class TrainerJobSpec(_message.Message):
     METRICS_PATH_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     model: str
     backend: TrainerBackend
@@ -257,10 +260,11 @@ class TrainerJobSpec(_message.Message):
     metrics_path: str
     options: _containers.ScalarMap[str, str]
     parallel: ParallelConfig
-    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[_Union[TrainerBackend, str]] = ..., mode: _Optional[_Union[StepMode, str]] = ..., alpha: _Optional[int] = ..., admission: _Optional[_Union[_common_pb2.AdmissionPolicy, str]] = ..., batch_size: _Optional[int] = ..., group_size: _Optional[int] = ..., redundancy: _Optional[int] = ..., max_steps: _Optional[int] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., publish: _Optional[_Union[PublishConfig, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointConfig, _Mapping]] = ..., prompts: _Optional[_Union[PromptSource, _Mapping]] = ..., endpoints: _Optional[_Union[TrainerEndpoints, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., device: _Optional[str] = ..., batch_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., metrics_path: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., parallel: _Optional[_Union[ParallelConfig, _Mapping]] = ...) -> None: ...
+    tasks: _containers.RepeatedCompositeFieldContainer[PromptSource]
+    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[_Union[TrainerBackend, str]] = ..., mode: _Optional[_Union[StepMode, str]] = ..., alpha: _Optional[int] = ..., admission: _Optional[_Union[_common_pb2.AdmissionPolicy, str]] = ..., batch_size: _Optional[int] = ..., group_size: _Optional[int] = ..., redundancy: _Optional[int] = ..., max_steps: _Optional[int] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., publish: _Optional[_Union[PublishConfig, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointConfig, _Mapping]] = ..., prompts: _Optional[_Union[PromptSource, _Mapping]] = ..., endpoints: _Optional[_Union[TrainerEndpoints, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., device: _Optional[str] = ..., batch_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., metrics_path: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., parallel: _Optional[_Union[ParallelConfig, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[PromptSource, _Mapping]]] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "version_trained", "version_produced", "samples", "groups", "reward_mean", "reward_std", "reward_min", "reward_max", "loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "learning_rate", "tokens_trained", "response_length_mean", "staleness_mean", "staleness_max", "rollout_tokens_per_s", "get_batch_time", "suspend_time", "update_time", "resume_time", "train_time", "publish_time", "step_time", "update_pause", "actor_versions", "admitted", "rejected", "started_at", "finished_at", "extra", "accounting", "accounting_total", "checkpoint_time")
+    __slots__ = ("step", "version_trained", "version_produced", "samples", "groups", "reward_mean", "reward_std", "reward_min", "reward_max", "loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "learning_rate", "tokens_trained", "response_length_mean", "staleness_mean", "staleness_max", "rollout_tokens_per_s", "get_batch_time", "suspend_time", "update_time", "resume_time", "train_time", "publish_time", "step_time", "update_pause", "actor_versions", "admitted", "rejected", "started_at", "finished_at", "extra", "accounting", "accounting_total", "checkpoint_time", "tasks")
     class ActorVersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -275,6 +279,13 @@ class StepMetrics(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class TasksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: TaskStepMetrics
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[TaskStepMetrics, _Mapping]] = ...) -> None: ...
     STEP_FIELD_NUMBER: _ClassVar[int]
     VERSION_TRAINED_FIELD_NUMBER: _ClassVar[int]
     VERSION_PRODUCED_FIELD_NUMBER: _ClassVar[int]
@@ -313,6 +324,7 @@ class StepMetrics(_message.Message):
     ACCOUNTING_FIELD_NUMBER: _ClassVar[int]
     ACCOUNTING_TOTAL_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_TIME_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
     step: int
     version_trained: int
     version_produced: int
@@ -351,7 +363,26 @@ class StepMetrics(_message.Message):
     accounting: _common_pb2.GenerationAccounting
     accounting_total: _common_pb2.GenerationAccounting
     checkpoint_time: _duration_pb2.Duration
-    def __init__(self, step: _Optional[int] = ..., version_trained: _Optional[int] = ..., version_produced: _Optional[int] = ..., samples: _Optional[int] = ..., groups: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., reward_min: _Optional[float] = ..., reward_max: _Optional[float] = ..., loss: _Optional[float] = ..., pg_loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., clip_fraction: _Optional[float] = ..., grad_norm: _Optional[float] = ..., learning_rate: _Optional[float] = ..., tokens_trained: _Optional[int] = ..., response_length_mean: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., rollout_tokens_per_s: _Optional[float] = ..., get_batch_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., suspend_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., update_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., resume_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., train_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., publish_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., step_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., update_pause: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., actor_versions: _Optional[_Mapping[str, int]] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., extra: _Optional[_Mapping[str, float]] = ..., accounting: _Optional[_Union[_common_pb2.GenerationAccounting, _Mapping]] = ..., accounting_total: _Optional[_Union[_common_pb2.GenerationAccounting, _Mapping]] = ..., checkpoint_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    tasks: _containers.MessageMap[str, TaskStepMetrics]
+    def __init__(self, step: _Optional[int] = ..., version_trained: _Optional[int] = ..., version_produced: _Optional[int] = ..., samples: _Optional[int] = ..., groups: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., reward_min: _Optional[float] = ..., reward_max: _Optional[float] = ..., loss: _Optional[float] = ..., pg_loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., clip_fraction: _Optional[float] = ..., grad_norm: _Optional[float] = ..., learning_rate: _Optional[float] = ..., tokens_trained: _Optional[int] = ..., response_length_mean: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., rollout_tokens_per_s: _Optional[float] = ..., get_batch_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., suspend_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., update_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., resume_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., train_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., publish_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., step_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., update_pause: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., actor_versions: _Optional[_Mapping[str, int]] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., extra: _Optional[_Mapping[str, float]] = ..., accounting: _Optional[_Union[_common_pb2.GenerationAccounting, _Mapping]] = ..., accounting_total: _Optional[_Union[_common_pb2.GenerationAccounting, _Mapping]] = ..., checkpoint_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tasks: _Optional[_Mapping[str, TaskStepMetrics]] = ...) -> None: ...
+
+class TaskStepMetrics(_message.Message):
+    __slots__ = ("samples", "groups", "batch_share", "reward_mean", "turns_mean", "tokens", "prompt_tokens")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SHARE_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TURNS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    samples: int
+    groups: int
+    batch_share: float
+    reward_mean: float
+    turns_mean: float
+    tokens: int
+    prompt_tokens: int
+    def __init__(self, samples: _Optional[int] = ..., groups: _Optional[int] = ..., batch_share: _Optional[float] = ..., reward_mean: _Optional[float] = ..., turns_mean: _Optional[float] = ..., tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class PublishedVersion(_message.Message):
     __slots__ = ("version", "step", "state", "full_checkpoint", "extract_time", "stream_time", "checkpoint_time", "buckets_time", "relays", "egress_bytes", "started_at", "published_at", "error")
