@@ -35,7 +35,10 @@ DEFAULTS: dict[str, float] = {
     "tau0": 1000.0,
     "cap": 0.0,
     "ret": 3_600_000.0,
+    "nts": 0.0,  # tasks with a share (multi-task jobs); their shares are the fields ts:<task>
 }
+MAX_TASKS = 64
+MAX_TASK_TAG = 128
 MAX_ALPHA = 1000
 MAX_GROUP = 4096
 MAX_CAPACITY = 10_000_000
@@ -101,6 +104,7 @@ def fill(policy: lp.JobPolicy, job_id: str) -> lp.JobPolicy:
             f"policy.buffer_capacity must be within [0, {MAX_CAPACITY}], got {p.buffer_capacity}"
         )
 
+    _check_task_shares(p)
     d = DEFAULTS
     p.admission = p.admission or cast(common_pb2.AdmissionPolicy, int(d["adm"]))
     p.group_size = p.group_size or int(d["G"])
@@ -121,6 +125,41 @@ def fill(policy: lp.JobPolicy, job_id: str) -> lp.JobPolicy:
     p.tau_decay = p.tau_decay or d["decay"]
     p.initial_tau = p.initial_tau or d["tau0"]
     return p
+
+
+def _check_task_shares(p: lp.JobPolicy) -> None:
+    shares = p.task_shares
+    if not shares:
+        return
+    if len(shares) > MAX_TASKS:
+        raise PolicyError(f"policy.task_shares names {len(shares)} tasks, at most {MAX_TASKS}")
+    for task, share in shares.items():
+        if not task or len(task) > MAX_TASK_TAG or any(c.isspace() for c in task):
+            raise PolicyError(f"policy.task_shares: task tag {task!r} must be 1-{MAX_TASK_TAG} non-blank characters")
+        if not math.isfinite(share) or share < 0:
+            raise PolicyError(f"policy.task_shares[{task}] must be finite and >= 0, got {share}")
+    if not sum(shares.values()) > 0:
+        raise PolicyError("policy.task_shares must sum to a positive number")
+
+
+def task_shares(p: lp.JobPolicy) -> dict[str, float]:
+    """The normalised shares of a validated policy (empty: one pool)."""
+    total = sum(p.task_shares.values())
+    return {t: s / total for t, s in sorted(p.task_shares.items())} if total > 0 else {}
+
+
+def task_group_quotas(groups: int, shares: Mapping[str, float]) -> dict[str, int]:
+    """Whole groups per task out of ``groups`` in proportion to ``shares`` (largest remainder, ties by task tag);
+    get_batch.lua applies the same rule, tests/unit/ledger checks the two agree."""
+    total = sum(shares.values())
+    if groups <= 0 or total <= 0:
+        return dict.fromkeys(shares, 0)
+    exact = {t: groups * s / total for t, s in shares.items()}
+    out = {t: int(math.floor(x)) for t, x in exact.items()}
+    rest = groups - sum(out.values())
+    for t in sorted(exact, key=lambda t: (-(exact[t] - out[t]), t))[:rest]:
+        out[t] += 1
+    return out
 
 
 def defaults(job_id: str) -> lp.JobPolicy:
@@ -151,6 +190,8 @@ def fields(p: lp.JobPolicy) -> dict[str, float]:
         "tau0": p.initial_tau,
         "cap": float(p.buffer_capacity),
         "ret": _ms(p.command_retention),
+        "nts": float(len(p.task_shares)),
+        **{f"ts:{t}": s for t, s in task_shares(p).items()},
     }
 
 

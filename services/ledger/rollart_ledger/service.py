@@ -37,6 +37,7 @@ from .config import LedgerConfig
 from .errors import LedgerError
 from .planning import StepPlanner
 from .scripts import BatchRecord, LedgerScripts, NewGroup, WorkReport, now_ms
+from .tasks import task_pools
 
 log = logging.getLogger(__name__)
 # redis-py types every reply as bytes | str; this client never decodes, so its replies are bytes (casts below).
@@ -1107,4 +1108,5 @@ class LedgerService(lg.LedgerServicer):
                 },
             )
         )
+        status.task_pools.extend(await task_pools(self.redis, self.p, status.policy))  # multi-task jobs
         return status

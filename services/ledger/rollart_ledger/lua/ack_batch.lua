@@ -27,7 +27,10 @@ for gid in string.gmatch(b.groups, '[^,]+') do
   end
   redis.call('HDEL', k('g:' .. gid), 'prompt')
   group_end(gid, 'K')
-  if G.started == '1' then redis.call('DECRBY', k('inflight'), G.G) end
+  if G.started == '1' then
+    redis.call('DECRBY', k('inflight'), G.G)
+    redis.call('DECRBY', k('inflight:t:' .. G.task), G.G)
+  end
 end
 redis.call('HSET', bk, 'acked', 1)
 return released

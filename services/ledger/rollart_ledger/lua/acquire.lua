@@ -30,6 +30,7 @@ local step, B = tn(cur[2], 0), tn(cur[3], 0)
 local E = math.max(redis.call('ZCOUNT', k('holders'), NOW - 60000, '+inf'),
   redis.call('ZCARD', k('active')) + max)
 local inflight = tn(redis.call('GET', k('inflight')), 0)
+local tinflight = {}  -- per task, read when first needed (multi-task back-pressure)
 local ttl = ttl_now()
 
 -- candidate slots in pool order (priority, then FIFO); a bounded scan
@@ -143,11 +144,22 @@ for _, c in ipairs(cands) do
     if G.started ~= '1' then
       -- Back-pressure: a new group starts only while the groups in flight fit the capacity (see above).
       local cap = window or pol('cap')
-      if inflight > 0 and inflight + G.G > cap then
+      local busy = inflight
+      local share = pol('ts:' .. G.task)
+      if pol('nts') > 0 and share ~= nil then
+        -- Multi-task: each task gets its share of the capacity (at least a group), so that a fast task's
+        -- groups waiting for a batch never keep a slow task from starting the groups that batch needs.
+        cap = math.max(G.G, math.floor(cap * share + 0.5))
+        if tinflight[G.task] == nil then tinflight[G.task] = tn(redis.call('GET', k('inflight:t:' .. G.task)), 0) end
+        busy = tinflight[G.task]
+      end
+      if busy > 0 and busy + G.G > cap then
         ok = false
       else
         inflight = inflight + G.G
+        if tinflight[G.task] ~= nil then tinflight[G.task] = tinflight[G.task] + G.G end
         redis.call('INCRBY', k('inflight'), G.G)
+        redis.call('INCRBY', k('inflight:t:' .. G.task), G.G)
         redis.call('HSET', k('g:' .. gid), 'started', 1)
         G.started = '1'
       end

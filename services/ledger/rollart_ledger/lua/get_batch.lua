@@ -11,8 +11,39 @@
 -- are taken (not under AT_START); complete, scored groups are taken oldest first until >= B samples and
 -- reserved, and leave P inflight; asking again for the same step returns the same batch until ack_batch.
 -- B is remembered (P bsz) for the back-pressure of acquire.
+-- Multi-task (policy fields nts > 0, ts:<task>): the batch holds ceil(B / G) groups split between the tasks
+-- by share (largest remainder, ties by task tag: policy.task_group_quotas), each task's oldest first; it
+-- forms only when every task has its quota ready (or, partial, at the end of the wait, with what there is).
 
 local step, B = ARGV[2], tonumber(ARGV[3])
+
+-- Groups per task of a batch of B samples (nil: one pool). The same rule as policy.task_group_quotas.
+local function task_quotas(b)
+  local nts = pol('nts')
+  if nts == nil or nts <= 0 then return nil end
+  if POL == nil then pol('G') end
+  local shares, tasks, sum = {}, {}, 0
+  for f, v in pairs(POL) do
+    if string.sub(f, 1, 3) == 'ts:' then
+      local t = string.sub(f, 4)
+      shares[t] = tonumber(v)
+      tasks[#tasks + 1] = t
+      sum = sum + shares[t]
+    end
+  end
+  if #tasks == 0 or sum <= 0 then return nil end
+  local groups = math.ceil(b / pol('G'))
+  local out, frac, given = {}, {}, 0
+  for _, t in ipairs(tasks) do
+    local x = groups * shares[t] / sum
+    out[t] = math.floor(x)
+    frac[t] = x - out[t]
+    given = given + out[t]
+  end
+  table.sort(tasks, function(a, c) if frac[a] ~= frac[c] then return frac[a] > frac[c] end return a < c end)
+  for i = 1, groups - given do out[tasks[i]] = out[tasks[i]] + 1 end
+  return out
+end
 local bk = k('batch:' .. step)
 local b = hmap(bk)
 if b.id ~= nil then
@@ -29,12 +60,32 @@ if ARGV[4] ~= '' and pol('adm') ~= AT_START then  -- AReaL: nothing is evicted a
 end
 local take, total = {}, 0
 local ready = redis.call('ZRANGE', k('ready'), 0, -1)
-for _, gid in ipairs(ready) do
-  if total >= B then break end
-  take[#take + 1] = gid
-  total = total + tonumber(redis.call('HGET', k('g:' .. gid), 'G'))
+local quotas = task_quotas(B)
+if quotas == nil then
+  for _, gid in ipairs(ready) do
+    if total >= B then break end
+    take[#take + 1] = gid
+    total = total + tonumber(redis.call('HGET', k('g:' .. gid), 'G'))
+  end
+else
+  local short = false
+  for _, gid in ipairs(ready) do
+    local g = redis.call('HMGET', k('g:' .. gid), 'task', 'G')
+    local q = quotas[g[1]]
+    if q ~= nil and q > 0 then
+      take[#take + 1] = gid
+      total = total + tonumber(g[2])
+      quotas[g[1]] = q - 1
+    end
+  end
+  for _, q in pairs(quotas) do if q > 0 then short = true end end
+  if short then total = math.min(total, B - 1) end  -- not every task has its share: not a full batch yet
 end
-if total < B and (ARGV[5] ~= '1' or total == 0) then return finish({0, ev, total, evk}) end
+if total < B and (ARGV[5] ~= '1' or #take == 0) then return finish({0, ev, total, evk}) end
+if quotas ~= nil then
+  total = 0
+  for _, gid in ipairs(take) do total = total + tonumber(redis.call('HGET', k('g:' .. gid), 'G')) end
+end
 local minv, maxv = nil, nil
 for _, gid in ipairs(take) do
   local G = gload(gid)
@@ -44,6 +95,7 @@ for _, gid in ipairs(take) do
   if G.started == '1' then
     -- in a batch: no longer in flight, so the back-pressure lets the next version's groups start now
     redis.call('DECRBY', k('inflight'), G.G)
+    redis.call('DECRBY', k('inflight:t:' .. G.task), G.G)
     redis.call('HSET', k('g:' .. gid), 'started', 2)
   end
   for i = 0, G.n - 1 do

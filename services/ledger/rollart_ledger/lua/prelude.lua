@@ -16,7 +16,7 @@
 --   (holder, reason) in the same atomic step, so holders learn of every cancellation;
 -- * counters move with the records they count: P cnt with lease states (lease_close), P buf:* with
 --   P s:<trajectory> (sample_remove), P ready / P ready:n with complete scored groups (ready_update),
---   P inflight with started groups not yet in a batch;
+--   P inflight (and P inflight:t:<task> per task) with started groups not yet in a batch;
 -- * the generation accounting (P stats gen:<fate>:n / gen:<fate>:t) moves in the same atomic step as the
 --   fate it counts: a sample leaving the buffer (sample_remove: trained, evicted, failed), a verdict
 --   (submit), a release that reports its tokens (release); each lease's work is counted once (its acct).
@@ -210,7 +210,10 @@ local function drop_group(gid, G)
   redis.call('HSET', k('g:' .. gid), 'adm', 0, 'scd', 0)
   group_end(gid, 'D')
   redis.call('SREM', k('gopen'), gid)
-  if G.started == '1' then redis.call('DECRBY', k('inflight'), G.G) end
+  if G.started == '1' then
+    redis.call('DECRBY', k('inflight'), G.G)
+    redis.call('DECRBY', k('inflight:t:' .. G.task), G.G)  -- the task's share (multi-task)
+  end
   redis.call('HINCRBY', k('stats'), 'dropped', 1)
 end
 
