@@ -24,6 +24,11 @@ class LedgerConfig(ServiceConfig):
     job_id: str = ""
     # How often expired leases, silent actors and old records are swept.
     reap_interval_seconds: float = Field(0.1, gt=0, le=10)
+    # An admitted sample submitted without its reward that has none this long after its admission (its scorer,
+    # the envmanager, died or hung) is un-admitted by the reaper as a failed scoring and its slot re-pooled.
+    # Default 2x the envmanager's reward_timeout_seconds (120 s), below the trainer's batch timeouts (300-600 s)
+    # so a lost score cannot time out a step; raise it with the envmanager's reward timeout.
+    score_deadline_seconds: float = Field(240.0, gt=0)
     # Final leases (and their verdicts), consumed groups and departed actors are kept this long for inspection
     # and idempotent replies, then purged.
     lease_retention_seconds: float = Field(3600.0, ge=0)

@@ -220,6 +220,7 @@ class Reaped:
     expired: int
     presumed_dead: int
     purged: int
+    unscored_expired: int = 0  # admitted samples un-admitted as failed: no reward within the score deadline
 
 
 # ------------------------------------------------------------------------------------------------- scripts
@@ -524,6 +525,10 @@ class LedgerScripts:
 
     # -------------------------------------------------------------------------------------------- reaper
 
-    async def reap(self, *, lease_retention_ms: int, actor_retention_ms: int) -> Reaped:
-        expired, dead, purged = await self._run("reap", [lease_retention_ms, actor_retention_ms])
-        return Reaped(int(expired), int(dead), int(purged))
+    async def reap(
+        self, *, lease_retention_ms: int, actor_retention_ms: int, score_deadline_ms: int = 240_000
+    ) -> Reaped:
+        expired, dead, purged, unscored = await self._run(
+            "reap", [lease_retention_ms, actor_retention_ms, score_deadline_ms]
+        )
+        return Reaped(int(expired), int(dead), int(purged), int(unscored))

@@ -53,6 +53,9 @@ K = lp.SubscriberKind
 SUBMISSIONS = Counter("rollart_ledger_submissions_total", "Submit verdicts", ["verdict"])
 LEASES_ISSUED = Counter("rollart_ledger_leases_issued_total", "Sample leases issued")
 LEASES_EXPIRED = Counter("rollart_ledger_leases_expired_total", "Sample leases expired by the reaper")
+SCORES_EXPIRED = Counter(
+    "rollart_ledger_scores_expired_total", "Admitted samples un-admitted as failed: no reward within the score deadline"
+)
 
 
 class Abort(errors.ServiceError):
@@ -191,13 +194,19 @@ class LedgerService(lg.LedgerServicer):
         reaped = await self.scripts.reap(
             lease_retention_ms=int(self.cfg.lease_retention_seconds * 1000),
             actor_retention_ms=int(self.cfg.actor_retention_seconds * 1000),
+            score_deadline_ms=int(self.cfg.score_deadline_seconds * 1000),
         )
         expired, dead = reaped.expired, reaped.presumed_dead
-        if expired or dead:
+        if expired or dead or reaped.unscored_expired:
             LEASES_EXPIRED.inc(expired)
             self.signal.fire()
             if dead:
                 log.info("actors presumed dead", extra=log_fields(count=dead))
+            if reaped.unscored_expired:
+                SCORES_EXPIRED.inc(reaped.unscored_expired)
+                log.warning("admitted samples left unscored past the score deadline: un-admitted as failed",
+                            extra=log_fields(count=reaped.unscored_expired,
+                                             deadline_seconds=self.cfg.score_deadline_seconds))
         if time.monotonic() - self._last_trim > 1.0:
             self._last_trim = time.monotonic()
             await self._trim_commands()

@@ -116,3 +116,53 @@ class TestReap:
         assert await store.redis.exists(store.k("l:" + a.lease_id), store.k("vd:" + a.lease_id)) == 0
         assert await store.zmembers("leases") == [] and await store.hash("trj") == {}
         assert await store.redis.exists(store.k("g:" + gid)) == 0 and await store.redis.sismember(store.k("gdone"), gid)
+
+    # -- admitted samples whose reward never comes (the scorer died between Submit and RecordReward)
+
+    async def test_an_unscored_sample_past_the_score_deadline_is_unadmitted_as_failed(self, store):
+        await store.ready_job()
+        a, b = await store.acquire(n=2)
+        await store.submit(a, tid="ta", scored=False, generated_tokens=7)
+        await store.submit(b, tid="tb")
+        assert await store.zmembers("unscored") == ["ta"]
+        assert (await store.group(a.group_id))["st"] == "C"  # complete, never ready: it waits for ta's reward
+        kept = await store.scripts.reap(lease_retention_ms=3_600_000, actor_retention_ms=3_600_000,
+                                        score_deadline_ms=60_000)
+        assert kept.unscored_expired == 0 and await store.zmembers("unscored") == ["ta"]
+        got = await store.scripts.reap(lease_retention_ms=3_600_000, actor_retention_ms=3_600_000,
+                                       score_deadline_ms=0)  # every unscored sample is past a zero deadline
+        assert got.unscored_expired == 1 and await store.zmembers("unscored") == []
+        g = await store.group(a.group_id)
+        assert g["st"] == "O" and g["adm"] == "1" and g["scd"] == "1" and g[f"s{a.sample_index}"] == "P"
+        assert f"{a.group_id}|{a.sample_index}" in await store.zmembers("pool")
+        assert await store.redis.exists(store.k("s:ta")) == 0 and (await store.hash("trj"))["ta"] == f"F:{a.lease_id}"
+        stats = await store.hash("stats")
+        assert (stats["score_expired"], stats["gen:failed:n"], stats["gen:failed:t"]) == ("1", "1", "7")
+        assert await store.get("buf:n") == "1"
+        # a late reward is neither recorded nor unknown, and counts nothing more
+        late = await store.scripts.record_reward(trajectory_id="ta", failed=False, reward=1.0)
+        assert (late.recorded, late.unknown_trajectory, late.group_ready) == (False, False, False)
+        late_fail = await store.scripts.record_reward(trajectory_id="ta", failed=True, reward=0.0)
+        assert not late_fail.recorded and (await store.hash("stats"))["gen:failed:n"] == "1"
+        # the slot is leased again and the group completes and becomes ready
+        [c] = await store.acquire()
+        assert (c.group_id, c.sample_index) == (a.group_id, a.sample_index)
+        assert (await store.submit(c, tid="tc")).admitted
+        assert await store.zmembers("ready") == [a.group_id]
+
+    async def test_the_index_holds_only_unscored_buffered_samples(self, store):
+        await store.ready_job(groups=2)
+        a, b, c, d = await store.acquire(n=4)
+        await store.submit(a, tid="ta", scored=False)
+        await store.submit(b, tid="tb", scored=False)
+        await store.submit(c, tid="tc", scored=False)
+        await store.submit(d, tid="td")
+        await store.scripts.record_reward(trajectory_id="ta", failed=False, reward=0.5)
+        await store.scripts.record_reward(trajectory_id="tb", failed=True, reward=0.0)
+        assert await store.zmembers("unscored") == ["tc"]
+        # the sample leaves the buffer another way (evicted as stale at GetBatch): it leaves the index with it
+        await store.scripts.get_batch(step=1, batch_size=2, floor=2, partial=True, evicted_before=0)
+        assert await store.redis.exists(store.k("s:tc")) == 0 and await store.zmembers("unscored") == []
+        got = await store.scripts.reap(lease_retention_ms=3_600_000, actor_retention_ms=3_600_000,
+                                       score_deadline_ms=0)
+        assert got.unscored_expired == 0 and "score_expired" not in await store.hash("stats")

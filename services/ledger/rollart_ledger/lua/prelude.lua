@@ -14,8 +14,8 @@
 --   'CODE message', CODE a gRPC status name) changes nothing;
 -- * a script that may cancel leases returns through finish(), which appends one CancelLeases command per
 --   (holder, reason) in the same atomic step, so holders learn of every cancellation;
--- * counters move with the records they count: P cnt with lease states (lease_close), P buf:* with
---   P s:<trajectory> (sample_remove), P ready / P ready:n with complete scored groups (ready_update),
+-- * counters move with the records they count: P cnt with lease states (lease_close), P buf:* and the
+--   P unscored index with P s:<trajectory> (sample_remove), P ready / P ready:n with complete scored groups (ready_update),
 --   P inflight (and P inflight:t:<task> per task) with started groups not yet in a batch;
 -- * the generation accounting (P stats gen:<fate>:n / gen:<fate>:t) moves in the same atomic step as the
 --   fate it counts: a sample leaving the buffer (sample_remove: trained, evicted, failed), a verdict
@@ -181,6 +181,7 @@ local function sample_remove(tid, mark, fate)
   local r = redis.call('HMGET', sk, 'scd', 'res', 'lease', 'tok')
   if redis.call('DEL', sk) == 0 then return false end
   redis.call('ZREM', k('buf:byver'), tid)
+  redis.call('ZREM', k('unscored'), tid)
   redis.call('DECR', k('buf:n'))
   if r[1] == '1' then redis.call('DECR', k('buf:scored')) end
   if r[2] == '1' then redis.call('DECR', k('buf:reserved')) end

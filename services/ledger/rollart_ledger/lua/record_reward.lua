@@ -5,7 +5,9 @@
 -- ARGV[2] trajectory id, ARGV[3] failed '1'/'0', ARGV[4] reward.
 -- Returns {recorded, reward in force, unknown trajectory, group ready}.
 -- Invariants: failed = 1 removes the sample and re-pools its slot (a complete group opens again); a
--- rejected or unknown trajectory is 'unknown'; a consumed or evicted one is neither recorded nor unknown.
+-- rejected or unknown trajectory is 'unknown'; a consumed or evicted one, or one the reaper un-admitted past
+-- the score deadline (trj mark F, counted once as failed there), is neither recorded nor unknown; a scored or
+-- failed sample leaves P unscored.
 
 local tid = ARGV[2]
 local t = redis.call('HGET', k('trj'), tid)
@@ -20,6 +22,7 @@ if ARGV[3] == '1' then
   return finish({1, '0', 0, 0})
 end
 redis.call('HSET', sk, 'rw', ARGV[4], 'scd', 1)
+redis.call('ZREM', k('unscored'), tid)
 redis.call('INCR', k('buf:scored'))
 local G = gload(S.gid)
 G.scd = redis.call('HINCRBY', k('g:' .. S.gid), 'scd', 1)

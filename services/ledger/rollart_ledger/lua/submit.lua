@@ -11,7 +11,8 @@
 -- Invariants: settlement is idempotent per (lease, trajectory): the first verdict is stored in P vd:<lease>
 -- and returned again with duplicate = 1, counted once; WRONG_HOLDER changes nothing; a rejected lease
 -- re-pools its slot; a group reaching G admitted samples is complete and its other leases are cancelled
--- (GROUP_COMPLETE) with their holders told in the same step.
+-- (GROUP_COMPLETE) with their holders told in the same step; an admitted sample without its reward is
+-- indexed in P unscored (by admission time) until RecordReward scores or fails it or it leaves the buffer.
 
 local lid, tid, holder = ARGV[2], ARGV[3], ARGV[4]
 local nh0 = tonumber(ARGV[14])
@@ -111,6 +112,8 @@ else
           redis.call('INCR', k('buf:scored'))
         else
           awaiting = 1
+          -- awaited by admission time: the reaper un-admits it if no score comes before the score deadline
+          redis.call('ZADD', k('unscored'), NOW, tid)
         end
         redis.call('HSET', k('trj'), tid, 'B:' .. lid)
         -- completion times of the last 101 admissions; their median is re-read every 8th admission once
