@@ -252,7 +252,7 @@ class RemoveProxyActorRequest(_message.Message):
     def __init__(self, actor_id: _Optional[str] = ..., abort_in_flight: _Optional[bool] = ...) -> None: ...
 
 class AffinityRule(_message.Message):
-    __slots__ = ("task", "pool", "binding_id", "pool_kind", "hardware_tags", "allow_fallback", "from_binding")
+    __slots__ = ("task", "pool", "binding_id", "pool_kind", "hardware_tags", "allow_fallback", "from_binding", "auto")
     TASK_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     BINDING_ID_FIELD_NUMBER: _ClassVar[int]
@@ -260,6 +260,7 @@ class AffinityRule(_message.Message):
     HARDWARE_TAGS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_FALLBACK_FIELD_NUMBER: _ClassVar[int]
     FROM_BINDING_FIELD_NUMBER: _ClassVar[int]
+    AUTO_FIELD_NUMBER: _ClassVar[int]
     task: str
     pool: str
     binding_id: str
@@ -267,13 +268,40 @@ class AffinityRule(_message.Message):
     hardware_tags: _containers.RepeatedScalarFieldContainer[str]
     allow_fallback: bool
     from_binding: bool
-    def __init__(self, task: _Optional[str] = ..., pool: _Optional[str] = ..., binding_id: _Optional[str] = ..., pool_kind: _Optional[_Union[_common_pb2.PoolKind, str]] = ..., hardware_tags: _Optional[_Iterable[str]] = ..., allow_fallback: _Optional[bool] = ..., from_binding: _Optional[bool] = ...) -> None: ...
+    auto: bool
+    def __init__(self, task: _Optional[str] = ..., pool: _Optional[str] = ..., binding_id: _Optional[str] = ..., pool_kind: _Optional[_Union[_common_pb2.PoolKind, str]] = ..., hardware_tags: _Optional[_Iterable[str]] = ..., allow_fallback: _Optional[bool] = ..., from_binding: _Optional[bool] = ..., auto: _Optional[bool] = ...) -> None: ...
+
+class TaskProfile(_message.Message):
+    __slots__ = ("task", "profile", "turns", "trajectories", "prefill_tokens_per_turn", "decode_tokens_per_turn", "turns_per_trajectory", "kind", "fallback_turns", "last_fallback")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_PER_TURN_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKENS_PER_TURN_FIELD_NUMBER: _ClassVar[int]
+    TURNS_PER_TRAJECTORY_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_TURNS_FIELD_NUMBER: _ClassVar[int]
+    LAST_FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    profile: str
+    turns: int
+    trajectories: int
+    prefill_tokens_per_turn: float
+    decode_tokens_per_turn: float
+    turns_per_trajectory: float
+    kind: _common_pb2.PoolKind
+    fallback_turns: int
+    last_fallback: str
+    def __init__(self, task: _Optional[str] = ..., profile: _Optional[str] = ..., turns: _Optional[int] = ..., trajectories: _Optional[int] = ..., prefill_tokens_per_turn: _Optional[float] = ..., decode_tokens_per_turn: _Optional[float] = ..., turns_per_trajectory: _Optional[float] = ..., kind: _Optional[_Union[_common_pb2.PoolKind, str]] = ..., fallback_turns: _Optional[int] = ..., last_fallback: _Optional[str] = ...) -> None: ...
 
 class AffinityTable(_message.Message):
-    __slots__ = ("rules",)
+    __slots__ = ("rules", "profiles")
     RULES_FIELD_NUMBER: _ClassVar[int]
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
     rules: _containers.RepeatedCompositeFieldContainer[AffinityRule]
-    def __init__(self, rules: _Optional[_Iterable[_Union[AffinityRule, _Mapping]]] = ...) -> None: ...
+    profiles: _containers.RepeatedCompositeFieldContainer[TaskProfile]
+    def __init__(self, rules: _Optional[_Iterable[_Union[AffinityRule, _Mapping]]] = ..., profiles: _Optional[_Iterable[_Union[TaskProfile, _Mapping]]] = ...) -> None: ...
 
 class SetAffinityRequest(_message.Message):
     __slots__ = ("rules", "merge")

@@ -36,6 +36,22 @@ class AffinityRuleConfig(StrictModel):
     pool_kind: Literal["", "gpu-compute", "gpu-bandwidth", "cpu", "serverless"] = ""
     hardware_tags: list[str] = []
     allow_fallback: bool = True
+    # Route by the task's profile instead (prefill-heavy: gpu-compute, decode-heavy: gpu-bandwidth).
+    auto: bool = False
+
+
+class AutoAffinitySettings(StrictModel):
+    """How `auto` affinity rules classify a task from its routed turns (see router.TaskProfile)."""
+
+    # Prefill-heavy when a turn prefills at least this many times the tokens it decodes (moving averages).
+    prefill_ratio: float = Field(2.0, gt=0)
+    # A classified task changes profile only when the ratio crosses prefill_ratio by this factor.
+    hysteresis: float = Field(1.5, ge=1)
+    # Turns of a task seen before it is classified (until then its turns go to any actor).
+    min_turns: int = Field(8, ge=1)
+    # Requests in flight that make an actor saturated: an auto task whose kind's actors all are spills to a
+    # compatible actor (0: only when none of its kind is usable).
+    saturation_requests: int = Field(0, ge=0)
 
 
 class PdPoolSettings(StrictModel):
@@ -75,6 +91,8 @@ class LLMProxyConfig(ServiceConfig):
     affinity: list[AffinityRuleConfig] = []
     # PD splits configured up front.
     pd: list[PdPoolSettings] = []
+    # Task classification of `auto` affinity rules.
+    auto_affinity: AutoAffinitySettings = AutoAffinitySettings()
 
     # How often each actor's GetStatus is polled (health, version, throughput), and its timeout.
     status_interval_seconds: float = Field(1.0, gt=0, le=60)

@@ -31,7 +31,7 @@ from rollart.v1 import llmproxy_pb2 as lp
 from . import metrics
 from .admission import AdmissionGate, AdmissionRefused, AdmissionTimeout
 from .config import LLMProxyConfig
-from .router import DRAINING, HEALTHY, UNHEALTHY, ActorEntry, NoRoute, Route, Router
+from .router import DRAINING, HEALTHY, UNHEALTHY, ActorEntry, AutoSettings, NoRoute, Route, Router
 from .tokenizer import LocalTokenizer
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ class Turn:
 class Proxy:
     def __init__(self, cfg: LLMProxyConfig) -> None:
         self.cfg = cfg
-        self.router = Router(cfg.max_sticky_trajectories)
+        self.router = Router(cfg.max_sticky_trajectories, AutoSettings(**cfg.auto_affinity.model_dump()))
         self.gate = AdmissionGate(cfg.max_waiting_requests)
         self.clients: dict[str, ActorClient] = {}
         self.turns: dict[str, Turn] = {}
@@ -210,6 +210,7 @@ class Proxy:
                 pool_kind=kind,
                 hardware_tags=r.hardware_tags,
                 allow_fallback=r.allow_fallback,
+                auto=r.auto,
             )
             self.set_affinity([rule], merge=True)
         if cfg.pd:
@@ -441,20 +442,23 @@ class Proxy:
     # --------------------------------------------------------------------------------------------- settings
 
     def set_affinity(self, rules: list[lp.AffinityRule], merge: bool) -> None:
-        from .router import Rule, check_pattern
+        from .router import Rule, check_rule
 
         seen: set[str] = set()
         new: dict[str, Rule] = {}
         for i, r in enumerate(rules):
             if r.from_binding:
                 continue  # output-only rules derived from bindings
-            problem = check_pattern(r.task)
+            problem = check_rule(r)
             if problem:
                 raise invalid(f"rules[{i}]: {problem}")
             if r.task in seen:
                 raise invalid(f"rules[{i}]: task {r.task!r} appears twice")
-            if r.pool_kind not in common_pb2.PoolKind.values():
-                raise invalid(f"rules[{i}]: unknown pool_kind {r.pool_kind}")
+            if r.pool and not r.allow_fallback and self.cfg.resource_manager and self.synced:
+                # Only a resource manager's view is complete enough to say a pool does not exist.
+                known = set(self.router.pools) | {a.pool for a in self.router.actors.values()}
+                if r.pool not in known:
+                    raise invalid(f"rules[{i}].pool: no pool named {r.pool!r} exists and allow_fallback is false")
             seen.add(r.task)
             new[r.task] = Rule.from_proto(r)
         if merge:
@@ -470,6 +474,7 @@ class Proxy:
                 p = rule.to_proto()
                 p.from_binding = True
                 out.rules.append(p)
+        out.profiles.extend(p.to_proto() for p in self.router.profiles.values())
         return out
 
     def set_pd(self, pools: list[lp.PdPoolConfig], merge: bool) -> None:
@@ -969,6 +974,8 @@ class Proxy:
         self.router.stick(turn.trajectory_id, actor.actor_id, prefill.actor_id if prefill is not None else "")
         first = True
         async for chunk in self._stream(turn, actor, areq, prompt_estimate(inp), deadline):
+            if chunk.HasField("usage"):  # the last chunk: the task's profile learns the turn's shape
+                self.router.observe_turn(req.task, turn.trajectory_id, chunk.usage)
             resp = lp.TrajectoryGenerateResponse(chunk=chunk)
             if first:
                 resp.route.CopyFrom(info)

@@ -30,6 +30,15 @@ TTFT = Histogram(
 TOKENS = Counter("rollart_llmproxy_generated_tokens_total", "Tokens streamed to callers", ["actor"])
 ABORTED = Counter("rollart_llmproxy_aborted_total", "Turns ended by Abort")
 PD_TURNS = Counter("rollart_llmproxy_pd_turns_total", "Turns by PD mode", ["mode"])
+# Affinity (bounded labels: a task's profile, never its name; the per-task figures are in GetAffinity).
+AFFINITY_FALLBACKS = Counter(
+    "rollart_llmproxy_affinity_fallback_turns_total",
+    "Turns routed outside their affinity scope, by the task's profile (rule: a hand-written rule) and why",
+    ["profile", "why"],
+)
+TASK_PROFILE_CHANGES = Counter(
+    "rollart_llmproxy_task_profile_changes_total", "Tasks classified (or re-classified) by auto affinity", ["profile"]
+)
 # path: one of the API's routes, or "other" for any unknown path (so requests cannot grow the label set).
 HTTP_REQUESTS = Counter("rollart_llmproxy_http_requests_total", "OpenAI API requests", ["path", "status"])
 

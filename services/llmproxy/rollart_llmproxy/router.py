@@ -8,6 +8,13 @@ Pure bookkeeping, no I/O, so that every rule is unit-testable. The order of pref
 3. the least loaded usable actor (outstanding tokens, then outstanding requests, ties rotated) in the scope;
 4. with fallback allowed: the least loaded usable actor in a compatible pool, then anywhere.
 
+A rule with ``auto`` names no place: the task's profile does (``TaskProfiles``). A task whose turns prefill
+many more tokens than they decode (many turns re-prefilling a growing context) is prefill-heavy and goes to
+compute-kind pools; one that decodes more (few turns, long answers) is decode-heavy and goes to
+bandwidth-kind pools; before ``min_turns`` turns it is unclassified and goes anywhere. With fallback allowed
+(the default), an auto task leaves its kind when every actor of that kind is saturated (``saturation_requests``
+in flight each) or none is usable; each such turn is counted in its profile and in the metrics.
+
 Usable means healthy, ready, not draining, not excluded by the caller (an actor that just failed this turn)
 and on an admissible version: ``lo <= active_version`` and, when ``hi > 0``, ``active_version <= hi``.
 """
@@ -20,6 +27,8 @@ from dataclasses import dataclass, field
 
 from rollart.v1 import common_pb2
 from rollart.v1 import llmproxy_pb2 as lp
+
+from . import metrics
 
 HEALTHY = lp.PROXY_ACTOR_STATE_HEALTHY
 UNHEALTHY = lp.PROXY_ACTOR_STATE_UNHEALTHY
@@ -34,6 +43,17 @@ KIND_FALLBACK = {
     PK.POOL_KIND_SERVERLESS: (PK.POOL_KIND_CPU,),
 }
 GRAVEYARD = 1024  # removed actors remembered for "was any actor ever registered for this task"
+# An actor's kind is its pool's (from the resource manager); static actors may carry a "kind:<name>" tag.
+KIND_NAMES = {
+    "gpu-compute": PK.POOL_KIND_GPU_COMPUTE,
+    "gpu-bandwidth": PK.POOL_KIND_GPU_BANDWIDTH,
+    "cpu": PK.POOL_KIND_CPU,
+    "serverless": PK.POOL_KIND_SERVERLESS,
+}
+PREFILL_HEAVY, DECODE_HEAVY, UNCLASSIFIED = "prefill-heavy", "decode-heavy", "unclassified"
+PROFILE_KIND = {PREFILL_HEAVY: PK.POOL_KIND_GPU_COMPUTE, DECODE_HEAVY: PK.POOL_KIND_GPU_BANDWIDTH}
+MAX_PROFILES = 256  # tasks profiled at once (least recently routed forgotten first)
+RECENT_TRAJECTORIES = 4096  # per task: trajectory ids remembered to count trajectories
 
 
 class NoRoute(Exception):
@@ -106,10 +126,11 @@ class Rule:
     pool_kind: common_pb2.PoolKind = common_pb2.POOL_KIND_UNSPECIFIED
     hardware_tags: tuple[str, ...] = ()
     allow_fallback: bool = True
+    auto: bool = False
 
     @classmethod
     def from_proto(cls, r: lp.AffinityRule) -> "Rule":
-        return cls(r.task, r.pool, r.binding_id, r.pool_kind, tuple(r.hardware_tags), r.allow_fallback)
+        return cls(r.task, r.pool, r.binding_id, r.pool_kind, tuple(r.hardware_tags), r.allow_fallback, r.auto)
 
     def to_proto(self) -> lp.AffinityRule:
         return lp.AffinityRule(
@@ -119,6 +140,7 @@ class Rule:
             pool_kind=self.pool_kind,
             hardware_tags=list(self.hardware_tags),
             allow_fallback=self.allow_fallback,
+            auto=self.auto,
         )
 
 
@@ -142,6 +164,85 @@ def check_pattern(pattern: str) -> str | None:
     return None
 
 
+def check_rule(r: lp.AffinityRule) -> str | None:
+    """Why a rule cannot be used (naming the field), or None. Pools need not exist yet: actors may register
+    later; a rule that must name an existing pool is checked where the pools are known (``rollart run``)."""
+    problem = check_pattern(r.task)
+    if problem:
+        return problem
+    if r.pool_kind not in common_pb2.PoolKind.values():
+        return f"pool_kind: unknown kind {r.pool_kind}"
+    if r.auto and (r.pool or r.binding_id or r.pool_kind or r.hardware_tags):
+        return "auto: an auto rule names no pool, binding_id, pool_kind or hardware_tags (its profile decides)"
+    for i, tag in enumerate(r.hardware_tags):
+        if not tag or len(tag) > 128 or any(c.isspace() or not c.isprintable() for c in tag):
+            return f"hardware_tags[{i}]: a tag is 1-128 printable characters without spaces"
+    return None
+
+
+@dataclass
+class AutoSettings:
+    """How ``auto`` rules classify tasks (LLMProxyConfig.auto_affinity)."""
+
+    # Prefill-heavy when (prefill tokens per turn) >= prefill_ratio x (decode tokens per turn).
+    prefill_ratio: float = 2.0
+    # A classified task changes profile only when the ratio crosses prefill_ratio by this factor.
+    hysteresis: float = 1.5
+    # Turns seen before a task is classified (until then it goes anywhere).
+    min_turns: int = 8
+    # An actor with this many requests in flight is saturated (0: never; then only "no usable actor" spills).
+    saturation_requests: int = 0
+
+
+@dataclass
+class TaskProfile:
+    """Moving figures of one task's completed turns (exponential averages over ~64 turns)."""
+
+    task: str
+    turns: int = 0
+    trajectories: int = 0
+    prefill_avg: float = 0.0
+    decode_avg: float = 0.0
+    profile: str = UNCLASSIFIED
+    fallback_turns: int = 0
+    last_fallback: str = ""
+    recent: OrderedDict[str, None] = field(default_factory=OrderedDict)
+
+    def observe(self, trajectory_id: str, prefill_tokens: int, decode_tokens: int, auto: AutoSettings) -> None:
+        self.turns += 1
+        if trajectory_id and trajectory_id not in self.recent:
+            self.trajectories += 1
+            self.recent[trajectory_id] = None
+            while len(self.recent) > RECENT_TRAJECTORIES:
+                self.recent.popitem(last=False)
+        alpha = max(1.0 / self.turns, 1.0 / 64)
+        self.prefill_avg += alpha * (max(prefill_tokens, 0) - self.prefill_avg)
+        self.decode_avg += alpha * (max(decode_tokens, 0) - self.decode_avg)
+        if self.turns < auto.min_turns:
+            return
+        ratio = self.prefill_avg / max(self.decode_avg, 1.0)
+        if self.profile == UNCLASSIFIED:
+            self.profile = PREFILL_HEAVY if ratio >= auto.prefill_ratio else DECODE_HEAVY
+        elif self.profile == PREFILL_HEAVY and ratio < auto.prefill_ratio / auto.hysteresis:
+            self.profile = DECODE_HEAVY
+        elif self.profile == DECODE_HEAVY and ratio >= auto.prefill_ratio * auto.hysteresis:
+            self.profile = PREFILL_HEAVY
+
+    def to_proto(self) -> lp.TaskProfile:
+        return lp.TaskProfile(
+            task=self.task,
+            profile=self.profile,
+            turns=self.turns,
+            trajectories=self.trajectories,
+            prefill_tokens_per_turn=round(self.prefill_avg, 3),
+            decode_tokens_per_turn=round(self.decode_avg, 3),
+            turns_per_trajectory=round(self.turns / self.trajectories, 3) if self.trajectories else 0.0,
+            kind=PROFILE_KIND.get(self.profile, PK.POOL_KIND_UNSPECIFIED),
+            fallback_turns=self.fallback_turns,
+            last_fallback=self.last_fallback,
+        )
+
+
 @dataclass
 class PoolInfo:
     kind: common_pb2.PoolKind = common_pb2.POOL_KIND_UNSPECIFIED
@@ -158,7 +259,10 @@ class Route:
 
 
 class Router:
-    def __init__(self, max_sticky: int = 200_000) -> None:
+    def __init__(self, max_sticky: int = 200_000, auto: AutoSettings | None = None) -> None:
+        self.auto = auto or AutoSettings()
+        # task -> its profile (recently routed tasks only; drives `auto` rules, shown by GetAffinity).
+        self.profiles: OrderedDict[str, TaskProfile] = OrderedDict()
         self.actors: dict[str, ActorEntry] = {}
         self.graveyard: OrderedDict[str, ActorEntry] = OrderedDict()
         self.pools: dict[str, PoolInfo] = {}
@@ -205,6 +309,15 @@ class Router:
                     best, chosen = key, rule
         return chosen
 
+    def kind_of(self, a: ActorEntry) -> common_pb2.PoolKind:
+        info = self.pools.get(a.pool)
+        if info is not None and info.kind:
+            return info.kind
+        for tag in a.hardware.tags:
+            if tag.startswith("kind:") and tag[5:] in KIND_NAMES:
+                return KIND_NAMES[tag[5:]]
+        return PK.POOL_KIND_UNSPECIFIED
+
     def in_scope(self, rule: Rule | None, a: ActorEntry) -> bool:
         if rule is None:
             return True
@@ -212,7 +325,7 @@ class Router:
             return False
         if rule.binding_id and rule.binding_id not in a.binding_ids:
             return False
-        if rule.pool_kind and self.pools.get(a.pool, PoolInfo()).kind != rule.pool_kind:
+        if rule.pool_kind and self.kind_of(a) != rule.pool_kind:
             return False
         return not rule.hardware_tags or set(rule.hardware_tags) <= a.tags
 
@@ -220,8 +333,57 @@ class Router:
         if rule.pool:
             return {rule.pool}
         if rule.pool_kind:
-            return {name for name, p in self.pools.items() if p.kind == rule.pool_kind}
+            named = {name for name, p in self.pools.items() if p.kind == rule.pool_kind}
+            return named | {a.pool for a in actors if self.kind_of(a) == rule.pool_kind}
         return {a.pool for a in actors if self.in_scope(rule, a)}
+
+    # ------------------------------------------------------------------------------------------ profiles
+
+    def profile_of(self, task: str, create: bool = False) -> TaskProfile | None:
+        p = self.profiles.get(task)
+        if p is None and create:
+            p = self.profiles[task] = TaskProfile(task)
+            while len(self.profiles) > MAX_PROFILES:
+                self.profiles.popitem(last=False)
+        if p is not None:
+            self.profiles.move_to_end(task)
+        return p
+
+    def observe_turn(self, task: str, trajectory_id: str, usage: common_pb2.GenerationUsage) -> None:
+        """A turn of ``task`` ended: what it prefilled (prompt tokens not served from the prefix cache) and
+        decoded. Every task is profiled; only ``auto`` rules route by the profile."""
+        p = self.profile_of(task, create=True)
+        assert p is not None
+        before = p.profile
+        p.observe(trajectory_id, usage.prompt_tokens - usage.cached_prompt_tokens, usage.completion_tokens, self.auto)
+        if p.profile != before:
+            metrics.TASK_PROFILE_CHANGES.labels(p.profile).inc()
+
+    def effective_rule(self, task: str, rule: Rule | None) -> Rule | None:
+        """An ``auto`` rule becomes a kind rule by the task's profile (None while unclassified)."""
+        if rule is None or not rule.auto:
+            return rule
+        p = self.profile_of(task)
+        kind = PROFILE_KIND.get(p.profile if p is not None else UNCLASSIFIED)
+        if kind is None:
+            return None
+        return Rule(task=rule.task, pool_kind=kind, allow_fallback=rule.allow_fallback, auto=True)
+
+    def saturated(self, a: ActorEntry) -> bool:
+        n = self.auto.saturation_requests
+        return n > 0 and a.outstanding_requests >= n
+
+    def _count_fallback(self, task: str, trajectory_id: str, rule: Rule | None, why: str) -> None:
+        if rule is None or not trajectory_id:
+            return  # no rule to leave; Tokenize (no trajectory) is not a turn
+        profile = "rule"
+        if rule.auto:
+            p = self.profile_of(task)
+            profile = p.profile if p is not None else UNCLASSIFIED
+            if p is not None:
+                p.fallback_turns += 1
+                p.last_fallback = why
+        metrics.AFFINITY_FALLBACKS.labels(profile, "saturated" if why.startswith("saturated") else "no_actor").inc()
 
     def compatible_pools(self, rule: Rule, actors: Iterable[ActorEntry]) -> set[str]:
         """Pools a rule's requests fall back to: the target pools' own fallbacks, else by kind."""
@@ -284,7 +446,7 @@ class Router:
         lo, hi = self.bounds(min_version)
         if hi > 0 and lo > hi:
             raise NoRoute(f"min_version {lo} is above the proxy's version window (max {hi})", retryable=False)
-        rule = self.rule_for(task)
+        rule = self.effective_rule(task, self.rule_for(task))
         actors = list(self.actors.values())
         usable = [a for a in actors if self.usable(a, lo, hi, exclude) and self._serves_decode(a)]
         in_scope = [a for a in usable if self.in_scope(rule, a)]
@@ -303,12 +465,32 @@ class Router:
             a = acceptable(sticky[0])
             if a is not None and (a in in_scope or (rule is not None and rule.allow_fallback)):
                 self.sticky.move_to_end(trajectory_id)
+                if a not in in_scope:
+                    self._count_fallback(task, trajectory_id, rule, "no usable actor in scope")
                 return Route(a, lp.ROUTE_REASON_STICKY, self._pd_of(a.pool))
         if preferred_actor_id:
             a = acceptable(preferred_actor_id)
             if a is not None and (a in in_scope or (rule is not None and rule.allow_fallback)):
+                if a not in in_scope:
+                    self._count_fallback(task, trajectory_id, rule, "no usable actor in scope")
                 return Route(a, lp.ROUTE_REASON_PREFERRED, self._pd_of(a.pool))
         retry = trajectory_id in self.retrying
+        spill = (
+            rule is not None
+            and rule.allow_fallback
+            and bool(fresh_in_scope)
+            and all(self.saturated(a) for a in fresh_in_scope)
+        )
+        if spill:
+            # Every actor of the scope is saturated: an unsaturated one elsewhere takes the turn, if any.
+            assert rule is not None
+            outside = [a for a in fresh if a not in fresh_in_scope and not self.saturated(a)]
+            compatible = self.compatible_pools(rule, actors)
+            tier = [a for a in outside if a.pool in compatible] or outside
+            if tier:
+                a = self.least_loaded(tier)
+                self._count_fallback(task, trajectory_id, rule, f"saturated: {len(fresh_in_scope)} actor(s) in scope")
+                return Route(a, lp.ROUTE_REASON_RETRY if retry else lp.ROUTE_REASON_FALLBACK, self._pd_of(a.pool))
         if fresh_in_scope:
             a = self.least_loaded(fresh_in_scope)
             reason = lp.ROUTE_REASON_RETRY if retry else lp.ROUTE_REASON_LEAST_LOADED
@@ -317,6 +499,7 @@ class Router:
             compatible = self.compatible_pools(rule, actors)
             tier = [a for a in fresh if a.pool in compatible] or fresh
             a = self.least_loaded(tier)
+            self._count_fallback(task, trajectory_id, rule, "no usable actor in scope")
             return Route(a, lp.ROUTE_REASON_RETRY if retry else lp.ROUTE_REASON_FALLBACK, self._pd_of(a.pool))
         raise self._no_route(task, rule, lo, hi, exclude)
 

@@ -88,6 +88,22 @@ async def test_resource_manager_listing_becomes_actors_pools_and_binding_rules(p
     await sync.channel.close()
 
 
+async def test_a_rule_naming_no_pool_without_fallback_is_refused_once_synced(proxy):
+    from rollart_llmproxy.core import TurnError
+
+    rule = lp.AffinityRule(task="math", pool="h100", allow_fallback=False)
+    proxy.set_affinity([rule], merge=True)  # before the first listing nobody knows the pools yet: accepted
+    sync = ResourceManagerSync(proxy, "127.0.0.1:1")
+    sync.apply([rm.Pool(name="h20", kind=PK.POOL_KIND_GPU_BANDWIDTH)], [], [])
+    with pytest.raises(TurnError, match=r"rules\[0\]\.pool: no pool named 'h100'"):
+        proxy.set_affinity([rule], merge=True)
+    proxy.set_affinity([lp.AffinityRule(task="math", pool="h100", allow_fallback=True)], merge=True)
+    proxy.set_affinity([lp.AffinityRule(task="math", pool="h20", allow_fallback=False)], merge=True)
+    with pytest.raises(TurnError, match=r"rules\[0\]: auto"):
+        proxy.set_affinity([lp.AffinityRule(task="*", auto=True, pool_kind=PK.POOL_KIND_CPU)], merge=True)
+    await sync.channel.close()
+
+
 class _FakeLedger:
     """Stands in for the ledger stub (GetJobPolicy only)."""
 

@@ -10,11 +10,13 @@ from rollart_llmproxy.router import (
     DRAINING,
     UNHEALTHY,
     ActorEntry,
+    AutoSettings,
     NoRoute,
     PoolInfo,
     Router,
     Rule,
     check_pattern,
+    check_rule,
     specificity,
 )
 
@@ -286,3 +288,91 @@ def test_sticky_table_is_bounded_lru():
     r.stick("t5", "a")
     assert "t2" in r.sticky and "t3" not in r.sticky
     assert r.sticky_counts() == {"a": 3}
+
+
+# ------------------------------------------------------------------------------------------ auto affinity
+
+
+def usage(prompt: int, completion: int, cached: int = 0) -> common_pb2.GenerationUsage:
+    return common_pb2.GenerationUsage(prompt_tokens=prompt, completion_tokens=completion, cached_prompt_tokens=cached)
+
+
+def two_kinds(**auto) -> tuple[Router, ActorEntry, ActorEntry]:
+    r = Router(auto=AutoSettings(min_turns=4, **auto))
+    r.pools = {"h800": PoolInfo(PK.POOL_KIND_GPU_COMPUTE), "h20": PoolInfo(PK.POOL_KIND_GPU_BANDWIDTH)}
+    return r, actor(r, "c", pool="h800"), actor(r, "b", pool="h20")
+
+
+def test_auto_classifies_tasks_by_prefill_versus_decode_and_routes_by_kind():
+    r, c, b = two_kinds()
+    r.rules = {"*": Rule("*", auto=True)}
+    # Unclassified: any actor (both get turns).
+    assert {r.route(trajectory_id=f"u{i}", task="swe").actor.actor_id for i in range(4)} == {"c", "b"}
+    for i in range(4):  # many turns per trajectory, long uncached observations, short actions
+        r.observe_turn("swe", f"s{i // 2}", usage(prompt=2000 + 2000 * i, completion=20, cached=2000 * i))
+        r.observe_turn("math", f"m{i}", usage(prompt=300, completion=2048))
+    assert r.route(trajectory_id="x", task="swe").actor is c
+    assert r.route(trajectory_id="y", task="math").actor is b
+    profiles = {p.task: p for p in (x.to_proto() for x in r.profiles.values())}
+    assert profiles["swe"].profile == "prefill-heavy" and profiles["swe"].kind == PK.POOL_KIND_GPU_COMPUTE
+    assert profiles["swe"].turns_per_trajectory == 2.0 and profiles["swe"].prefill_tokens_per_turn == 2000
+    assert profiles["math"].profile == "decode-heavy" and profiles["math"].kind == PK.POOL_KIND_GPU_BANDWIDTH
+    assert profiles["math"].turns_per_trajectory == 1.0
+
+
+def test_auto_profile_changes_only_past_the_hysteresis():
+    r, _c, _b = two_kinds(prefill_ratio=2.0, hysteresis=1.5)
+    for i in range(4):
+        r.observe_turn("t", f"t{i}", usage(300, 100))  # ratio 3: prefill-heavy
+    assert r.profiles["t"].profile == "prefill-heavy"
+    for i in range(4):
+        r.observe_turn("t", f"t{i}", usage(180, 100))  # the average drifts to ~1.9 (< 2, > 2/1.5): kept
+    assert r.profiles["t"].profile == "prefill-heavy"
+    for i in range(40):
+        r.observe_turn("t", f"t{i}", usage(50, 100))
+    assert r.profiles["t"].profile == "decode-heavy"
+
+
+def test_auto_falls_back_when_its_kind_is_gone_or_saturated_and_says_so():
+    r, c, b = two_kinds(saturation_requests=2)
+    r.rules = {"*": Rule("*", auto=True)}
+    for i in range(4):
+        r.observe_turn("math", f"m{i}", usage(300, 2048))
+    b.outstanding_requests = 2  # the only bandwidth actor is saturated: spill to the compute one
+    route = r.route(trajectory_id="m9", task="math")
+    assert route.actor is c and route.reason == lp.ROUTE_REASON_FALLBACK
+    assert r.profiles["math"].fallback_turns == 1 and r.profiles["math"].last_fallback.startswith("saturated")
+    c.outstanding_requests = 5  # both saturated: stay in scope (nowhere better to go)
+    assert r.route(trajectory_id="m10", task="math").actor is b
+    b.outstanding_requests = 0
+    b.state = UNHEALTHY  # the bandwidth pool died: its task moves to the compute pool
+    route = r.route(trajectory_id="m11", task="math")
+    assert route.actor is c and route.reason == lp.ROUTE_REASON_FALLBACK
+    assert r.profiles["math"].fallback_turns == 2 and r.profiles["math"].last_fallback == "no usable actor in scope"
+    r.rules = {"*": Rule("*", auto=True, allow_fallback=False)}
+    with pytest.raises(NoRoute):
+        r.route(trajectory_id="m12", task="math")
+
+
+def test_kind_of_static_actors_comes_from_their_kind_tag():
+    r = Router()
+    x = actor(r, "x", pool="static", tags=["kind:gpu-compute"])
+    y = actor(r, "y", pool="static", tags=["kind:bogus"])
+    assert r.kind_of(x) == PK.POOL_KIND_GPU_COMPUTE and r.kind_of(y) == PK.POOL_KIND_UNSPECIFIED
+    r.rules = {"t": Rule("t", pool_kind=PK.POOL_KIND_GPU_COMPUTE, allow_fallback=False)}
+    assert {r.route(trajectory_id=f"t{i}", task="t").actor.actor_id for i in range(4)} == {"x"}
+
+
+def test_check_rule_names_the_field():
+    assert check_rule(lp.AffinityRule(task="*", auto=True)) is None
+    assert "auto" in check_rule(lp.AffinityRule(task="*", auto=True, pool="h20"))
+    assert "pool_kind" in check_rule(lp.AffinityRule(task="*", pool_kind=99))
+    assert "hardware_tags[1]" in check_rule(lp.AffinityRule(task="*", hardware_tags=["ok", "a b"]))
+    assert "task" in check_rule(lp.AffinityRule(task=""))
+
+
+def test_profiles_are_bounded():
+    r = Router()
+    for i in range(300):
+        r.observe_turn(f"task-{i}", "t", usage(1, 1))
+    assert len(r.profiles) == 256 and "task-299" in r.profiles and "task-0" not in r.profiles
