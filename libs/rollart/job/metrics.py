@@ -4,6 +4,8 @@
 suffix, e.g. ``train_time`` -> ``train_seconds``; other messages, such as the generation ``accounting``, become
 nested dicts of plain numbers); ``from_record`` reverses it. The record also carries ``wasted_token_fraction`` and
 ``wasted_token_fraction_total`` at the top level (copies of the accounting's, for readers of the JSON lines).
+A multi-task job's records carry ``tasks``: per task tag, its samples, groups, batch share, mean reward, mean
+turns and tokens (``rollart.v1.TaskStepMetrics``); :func:`task_rewards` reads them back as one series per task.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ def _plain(m: Any) -> dict[str, Any]:
     for field in m.DESCRIPTOR.fields:
         value = getattr(m, field.name)
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            out[field.name] = dict(value)
+            if field.message_type.fields_by_name["value"].message_type is not None:
+                out[field.name] = {k: _plain(v) for k, v in value.items()}  # e.g. per-task figures
+            else:
+                out[field.name] = dict(value)
         elif field.message_type is not None and field.message_type.full_name == _DURATION:
             out[_key(field)] = value.ToNanoseconds() / 1e9
         elif field.message_type is not None and field.message_type.full_name == _TIMESTAMP:
@@ -51,7 +56,11 @@ def _fill(m: Any, d: dict[str, Any]) -> None:
             continue
         value = d[key]
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            getattr(m, field.name).update(value)
+            if field.message_type.fields_by_name["value"].message_type is not None:
+                for k, v in value.items():
+                    _fill(getattr(m, field.name)[k], v)
+            else:
+                getattr(m, field.name).update(value)
         elif field.message_type is not None and field.message_type.full_name in (_DURATION, _TIMESTAMP):
             if value:  # 0 is how to_record writes an unset one
                 getattr(m, field.name).FromNanoseconds(int(float(value) * 1e9))
@@ -114,6 +123,17 @@ def time_to_score(records: list[dict[str, Any]], target: float, window: int = 10
         if len(w) == window and sum(w) / window >= target:
             return float(r.get("finished_at") or 0.0) - t0
     return None
+
+
+def task_rewards(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """(step, mean reward) of each task by task tag, over the records of a multi-task job (empty otherwise);
+    a step whose batch had no group of a task has no point for it."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for r in sorted(records, key=lambda r: r["step"]):
+        for task, t in (r.get("tasks") or {}).items():
+            if t.get("samples", 0) > 0:
+                out.setdefault(task, []).append((int(r["step"]), float(t.get("reward_mean", 0.0))))
+    return out
 
 
 def read_records(path: str | Path) -> Iterator[dict[str, Any]]:

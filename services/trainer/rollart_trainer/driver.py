@@ -77,6 +77,7 @@ from rollart.v1 import (
     trainer_pb2,
 )
 
+from . import tasks
 from .config import TrainerConfig
 
 log = logging.getLogger(__name__)
@@ -273,7 +274,8 @@ class JobRunner:
         self.stop_requested: int = T.STOP_MODE_UNSPECIFIED
         self.stop_checkpoint = False
         self.step_lock = asyncio.Lock()  # held while weights change (train, checkpoint): SaveCheckpoint waits
-        self._prompt_rows: list[dict[str, Any]] | None = None
+        self._prompt_rows: dict[str, list[dict[str, Any]]] = {}  # by dataset uri
+        self._tasks = tasks.Plan.of(spec, self.settings.groups_per_step)  # which task each group comes from
         self._counters: dict[str, float] = {}
         self._last_publication: tuple[float, float] | None = None  # wall times of the newest publication
 
@@ -460,6 +462,8 @@ class JobRunner:
             group_size=st.group_size,
             redundancy=st.redundancy,
         )
+        if len(self.spec.tasks):  # multi-task: the ledger fills each batch and the in-flight window by share
+            pol.task_shares.update(tasks.shares(tasks.sources(self.spec)))
         opts = self.spec.options
         for name, conv in (("lease_ttl_multiplier", float), ("max_lease_attempts", int), ("buffer_capacity", int)):
             if f"ledger.{name}" in opts:
@@ -657,6 +661,11 @@ class JobRunner:
         m.extra["evicted"] = float(batch.evicted)
         turns = [len(t.turns) for g in batch.groups for t in g.trajectories]
         m.extra["turns_mean"] = sum(turns) / len(turns) if turns else 0.0
+        if len(self.spec.tasks):
+            per_task = tasks.step_metrics(batch)
+            for task, tm in per_task.items():
+                m.tasks[task].CopyFrom(tm)
+            tasks.export(per_task)
         # When the batch's trajectories ran (the rollout lane of rollart run's timeline.png).
         trajs = [t for g in batch.groups for t in g.trajectories]
         starts = [t.started_at.ToNanoseconds() / 1e9 for t in trajs if t.started_at.seconds]
@@ -884,7 +893,8 @@ class JobRunner:
     # ---------------------------------------------------------------------------------------- prompts
 
     def _prompt(self, i: int) -> ledger_pb2.Prompt:
-        src = self.spec.prompts
+        """The prompt of the job's group ``i`` (multi-task jobs: of the task that position belongs to)."""
+        src, i = self._tasks.group(i)
         task = src.task or src.environment
         p = ledger_pb2.Prompt(
             prompt_id=f"{task}-{src.seed + i}",
@@ -896,7 +906,7 @@ class JobRunner:
         if src.HasField("reward"):
             p.reward.CopyFrom(src.reward)
         if src.dataset_uri:
-            rows = self._dataset()
+            rows = self._dataset(src.dataset_uri)
             row = rows[i % len(rows)]
             p.prompt_id = str(row.get("prompt_id") or f"{task}-{i}")
             p.text = str(row.get("text") or row.get("question") or "")
@@ -906,14 +916,14 @@ class JobRunner:
                 p.metadata["answer"] = str(row["answer"])
         return p
 
-    def _dataset(self) -> list[dict[str, Any]]:
-        if self._prompt_rows is None:
-            uri = self.spec.prompts.dataset_uri.removeprefix("file://")
+    def _dataset(self, dataset_uri: str) -> list[dict[str, Any]]:
+        if dataset_uri not in self._prompt_rows:
+            uri = dataset_uri.removeprefix("file://")
             rows = [json.loads(line) for line in Path(uri).read_text().splitlines() if line.strip()]
             if not rows:
                 raise JobError("INVALID_ARGUMENT", f"prompt dataset {uri} is empty")
-            self._prompt_rows = rows
-        return self._prompt_rows
+            self._prompt_rows[dataset_uri] = rows
+        return self._prompt_rows[dataset_uri]
 
     async def _ensure_prompts(self, step: int) -> None:
         """Keep (alpha + 2) steps of groups in the ledger's pool; group ids are a function of the index, so

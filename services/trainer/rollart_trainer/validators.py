@@ -8,6 +8,7 @@ model name, sizes out of range) is refused with INVALID_ARGUMENT naming the fiel
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -33,6 +34,7 @@ MAX_PATH_CHARS = 1024
 MAX_BATCH = 1_000_000  # the ledger's bounds
 MAX_GROUP = 4096
 MAX_ALPHA = 1000
+MAX_TASKS = 64  # the ledger's bound on task shares
 #: Relays and actors accept requests of 16 MiB: a segment must fit with room for the message around it.
 MAX_SEGMENT_BYTES = 15 * 1024 * 1024
 MAX_BATCH_TIMEOUT_S = 7 * 24 * 3600.0
@@ -147,6 +149,50 @@ def _sampling(s: common_pb2.SamplingParams) -> None:
     v.number(p + "repetition_penalty", s.repetition_penalty, 0.0, 100.0)
 
 
+def _prompts(where: str, pr: T.PromptSource) -> None:
+    v.text(f"{where}.task", pr.task, 256)
+    ids.check_id(f"{where}.environment", pr.environment, required=False)
+    v.text(f"{where}.dataset_uri", pr.dataset_uri, MAX_PATH_CHARS)
+    if pr.dataset_uri and not pr.dataset_uri.startswith(("s3://", "http://", "https://")):
+        if not Path(pr.dataset_uri.removeprefix("file://")).is_file():
+            raise errors.InvalidArgument(f"{where}.dataset_uri", f"no such file: {errors.shorten(pr.dataset_uri)}")
+    v.mapping(f"{where}.metadata", pr.metadata, 256, max_value_chars=1 << 20)
+
+
+def _tasks(spec: T.TrainerJobSpec) -> None:
+    """Multi-task jobs: distinct task tags, finite shares >= 0 summing to a positive number, and every task
+    with at least one group of a step's batch (a task with none would never be trained)."""
+    if len(spec.tasks) > MAX_TASKS:
+        raise errors.InvalidArgument("spec.tasks", f"at most {MAX_TASKS} tasks, got {len(spec.tasks)}")
+    seen: set[str] = set()
+    for i, src in enumerate(spec.tasks):
+        where = f"spec.tasks[{i}]"
+        _prompts(where, src)
+        tag = src.task or src.environment
+        if not tag:
+            raise errors.InvalidArgument(f"{where}.task", "a task needs a tag (task or environment)")
+        if any(c.isspace() for c in tag) or len(tag) > 128:
+            raise errors.InvalidArgument(
+                f"{where}.task", f"must be 1-128 non-blank characters, got {errors.shorten(tag)}"
+            )
+        if tag in seen:
+            raise errors.InvalidArgument(f"{where}.task", f"task {tag!r} is listed twice")
+        seen.add(tag)
+        if not math.isfinite(src.share) or src.share < 0:
+            raise errors.InvalidArgument(f"{where}.share", f"must be finite and >= 0 (0: uniform), got {src.share}")
+    if not len(spec.tasks):
+        return
+    from .tasks import quotas, shares, sources
+
+    if spec.batch_size >= 1 and spec.group_size >= 1:
+        groups = max(spec.batch_size // spec.group_size, 1)
+        for i, (task, n) in enumerate(quotas(groups, shares(sources(spec))).items()):
+            if n == 0:
+                raise errors.InvalidArgument(
+                    f"spec.tasks[{i}].share", f"task {task!r} gets no group of a batch of {groups} groups"
+                )
+
+
 def check_spec(spec: T.TrainerJobSpec) -> None:
     """Raise ``errors.InvalidArgument`` for the first field of ``spec`` that can never work."""
     ids.check_name("spec.job_id", spec.job_id)
@@ -165,14 +211,8 @@ def check_spec(spec: T.TrainerJobSpec) -> None:
     v.text("spec.checkpoint.uri", c.uri, MAX_PATH_CHARS)
     v.integer("spec.checkpoint.every_steps", c.every_steps, 0, 1_000_000)
     v.integer("spec.checkpoint.keep_last", c.keep_last, 0, 1_000_000)
-    pr = spec.prompts
-    v.text("spec.prompts.task", pr.task, 256)
-    ids.check_id("spec.prompts.environment", pr.environment, required=False)
-    v.text("spec.prompts.dataset_uri", pr.dataset_uri, MAX_PATH_CHARS)
-    if pr.dataset_uri and not pr.dataset_uri.startswith(("s3://", "http://", "https://")):
-        if not Path(pr.dataset_uri.removeprefix("file://")).is_file():
-            raise errors.InvalidArgument("spec.prompts.dataset_uri", f"no such file: {errors.shorten(pr.dataset_uri)}")
-    v.mapping("spec.prompts.metadata", pr.metadata, 256, max_value_chars=1 << 20)
+    _prompts("spec.prompts", spec.prompts)
+    _tasks(spec)
     for name in ("ledger", "llmproxy", "resource_manager"):
         _address(f"spec.endpoints.{name}", getattr(spec.endpoints, name))
     _sampling(spec.sampling)

@@ -128,6 +128,8 @@ class ScriptedRollout:
         loops: int = 4,
         name: str = "env",
         delay: float = 0.02,
+        tasks: tuple[str, ...] = (),
+        rewards: dict[str, float] | None = None,
     ) -> None:
         self.ch = channel(ledger, token=token, default_timeout=15.0)
         self.ledger = ledger_pb2_grpc.LedgerStub(self.ch)
@@ -136,6 +138,8 @@ class ScriptedRollout:
         self.loops = loops
         self.name = name
         self.delay = delay
+        self.lease_tasks = tasks  # ledger task filter (multi-task jobs: one rollout per task)
+        self.rewards = rewards or {}  # a fixed reward per task instead of the token rule
         self.tasks: list[asyncio.Task] = []
         self.submitted = 0
         self.admitted = 0
@@ -163,7 +167,9 @@ class ScriptedRollout:
         while True:
             try:
                 resp = await self.ledger.AcquireLeases(
-                    ledger_pb2.AcquireLeasesRequest(holder=holder, max_leases=1, wait=dur(1.0))
+                    ledger_pb2.AcquireLeasesRequest(
+                        holder=holder, max_leases=1, wait=dur(1.0), tasks=list(self.lease_tasks)
+                    )
                 )
                 for lease in resp.leases:
                     await self._episode(rng, holder, lease)
@@ -192,6 +198,7 @@ class ScriptedRollout:
             )
         turns[0].ClearField("observation_token_ids")
         reward = sum(t < self.vocab // 2 for turn in turns for t in turn.action_token_ids) / 6.0
+        reward = self.rewards.get(lease.prompt.task, reward)
         traj = common_pb2.Trajectory(
             trajectory_id=f"{lease.lease_id}-t",
             lease_id=lease.lease_id,
