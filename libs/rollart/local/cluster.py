@@ -206,7 +206,7 @@ def up(
     """Start redis and the requested services (default: every installed one). Returns the state.
 
     ``replicas``: instances per service (e.g. ``{"actor": 2}``); ``env_overrides``: extra environment per
-    service name (every instance of it), applied last.
+    service name (every instance of it), then per instance name (``actor-2``), applied last.
     """
     state = read_state(state_dir)
     procs = [state.get("redis", {}), state.get("mooncake", {}), *state.get("services", {}).values()]
@@ -273,6 +273,8 @@ def up(
                 # A stable id (its lease holder prefix): a restarted envmanager releases what its predecessor held.
                 env["ROLLART_MANAGER_ID"] = name
             env.update((env_overrides or {}).get(spec.name, {}))
+            if name != spec.name:  # then an instance's own (e.g. "actor-2": another pool)
+                env.update((env_overrides or {}).get(name, {}))
             if spec.prepare is not None:
                 spec.prepare(state, env, log)
             # What this instance got on top of our environment: restart() starts it again the same way.
