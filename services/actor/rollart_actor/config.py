@@ -6,6 +6,7 @@ Every key can come from the YAML file (``--config``) or a ``ROLLART_<KEY>`` vari
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,8 +23,19 @@ class HardwareConfig(StrictModel):
     count: int = Field(0, ge=0)
     # Accelerator (or host) memory in GiB; 0: detected.
     memory_gib: float = Field(0.0, ge=0)
-    # Tags that affinity rules match on, e.g. "decode", "avx512", "region:us-east".
-    tags: list[str] = []
+    # Tags that affinity rules match on, e.g. "decode", "avx512", "region:us-east" (A-Za-z0-9._:/=+@#~-).
+    # "kind:<pool_kind>" declares the hardware kind; it is added by itself when pool_kind is set.
+    tags: list[str] = Field([], max_length=64)
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, value: list[str]) -> list[str]:
+        for i, tag in enumerate(value):
+            if not re.fullmatch(r"[A-Za-z0-9._:/=+@#~-]{1,128}", tag):
+                raise ValueError(f"tags[{i}] {tag!r}: 1-128 of A-Za-z0-9._:/=+@#~- (no spaces)")
+            if tag.startswith("kind:") and tag[5:] not in ("cpu", "gpu-compute", "gpu-bandwidth", "serverless"):
+                raise ValueError(f"tags[{i}] {tag!r}: unknown kind (cpu, gpu-compute, gpu-bandwidth, serverless)")
+        return value
 
 
 class WeightSourceConfig(StrictModel):
@@ -165,6 +177,15 @@ class ActorConfig(WeightPlaneConfig):
             raise ValueError(
                 "model is required (a checkpoint directory; `rollart-devtools tiny-model --out DIR` builds one)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _kind_tag(self) -> "ActorConfig":
+        declared = [t[5:] for t in self.hardware.tags if t.startswith("kind:")]
+        if len(set(declared)) > 1 or (
+            declared and "pool_kind" in self.model_fields_set and declared[0] != self.pool_kind
+        ):
+            raise ValueError(f"hardware.tags declare kind {declared} but pool_kind is {self.pool_kind!r}")
         return self
 
     def initial_hash(self) -> bytes | None:

@@ -124,9 +124,13 @@ def detect_hardware(cfg: ActorConfig, device: str) -> common_pb2.Hardware:
     if not mem:
         with contextlib.suppress(ValueError, OSError, AttributeError):
             mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return common_pb2.Hardware(
-        accelerator=accelerator, count=int(count), memory_gib=round(float(mem), 2), tags=list(hw.tags)
-    )
+    tags = list(hw.tags)
+    # A pool_kind set on purpose is declared to the resource manager, which refuses it in a pool of another
+    # kind (the default "cpu" is not: an actor joining an existing pool takes that pool's kind).
+    kind_tag = f"kind:{cfg.pool_kind}"
+    if "pool_kind" in cfg.model_fields_set and kind_tag not in tags:
+        tags.append(kind_tag)
+    return common_pb2.Hardware(accelerator=accelerator, count=int(count), memory_gib=round(float(mem), 2), tags=tags)
 
 
 class ActorService(actor_pb2_grpc.ActorServicer):

@@ -6,9 +6,10 @@ or list: hardware, regions, labels, TTLs and load reports are bounded here befor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
-from rollart.runtime import ids
+from rollart.runtime import errors, ids
 from rollart.runtime import validation as v
 from rollart.v1 import common_pb2
 from rollart.v1 import resource_manager_pb2 as rm
@@ -23,6 +24,15 @@ MAX_LABEL_VALUE_CHARS = 1024
 MAX_CAPACITY = 1_000_000
 MAX_TTL_SECONDS = 3600.0
 MAX_ENDPOINT_CHARS = 512
+# A hardware tag: printable, no spaces (affinity rules and hw_mapping compare tags as exact strings).
+TAG = re.compile(r"[A-Za-z0-9._:/=+@#~-]+")
+# A worker's declared hardware kind ("kind:<name>" tag): must be a known kind and its pool's.
+KIND_TAGS = {
+    "kind:gpu-compute": common_pb2.POOL_KIND_GPU_COMPUTE,
+    "kind:gpu-bandwidth": common_pb2.POOL_KIND_GPU_BANDWIDTH,
+    "kind:cpu": common_pb2.POOL_KIND_CPU,
+    "kind:serverless": common_pb2.POOL_KIND_SERVERLESS,
+}
 
 
 def hardware(field: str, hw: common_pb2.Hardware) -> None:
@@ -36,6 +46,22 @@ def tags(field: str, values: Sequence[str]) -> None:
     v.items(field, values, MAX_TAGS)
     for i, tag in enumerate(values):
         v.text(f"{field}[{i}]", tag, MAX_TAG_CHARS, required=True)
+        if not TAG.fullmatch(tag):
+            raise errors.InvalidArgument(f"{field}[{i}]", "a tag is made of A-Za-z0-9._:/=+@#~- (no spaces)")
+        if tag.startswith("kind:") and tag not in KIND_TAGS:
+            raise errors.InvalidArgument(f"{field}[{i}]", f"unknown kind (one of {', '.join(KIND_TAGS)})")
+
+
+def worker_kind(w: rm.Worker, pool: rm.Pool) -> None:
+    """A worker that declares its kind (a ``kind:`` tag) must be in a pool of that kind: a compute-kind actor
+    registered into a bandwidth pool would be routed the wrong tasks."""
+    for i, tag in enumerate(w.hardware.tags):
+        kind = KIND_TAGS.get(tag)
+        if kind is not None and kind != pool.kind:
+            have = common_pb2.PoolKind.Name(pool.kind).removeprefix("POOL_KIND_").lower().replace("_", "-")
+            raise errors.InvalidArgument(
+                f"worker.hardware.tags[{i}]", f"says {tag} but pool {w.pool!r} is of kind {have}"
+            )
 
 
 def region(field: str, value: str) -> None:
@@ -44,9 +70,7 @@ def region(field: str, value: str) -> None:
 
 
 def labels(field: str, values: Mapping[str, str]) -> None:
-    v.mapping(
-        field, values, MAX_LABELS, max_key_chars=MAX_LABEL_KEY_CHARS, max_value_chars=MAX_LABEL_VALUE_CHARS
-    )
+    v.mapping(field, values, MAX_LABELS, max_key_chars=MAX_LABEL_KEY_CHARS, max_value_chars=MAX_LABEL_VALUE_CHARS)
 
 
 def pool(p: rm.Pool) -> None:

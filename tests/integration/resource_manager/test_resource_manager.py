@@ -295,6 +295,28 @@ def test_malformed_requests_get_clear_errors_and_change_nothing(rm_env, call, re
     assert after == before
 
 
+@pytest.mark.parametrize(
+    "tags, field, why",
+    [
+        (["kind:gpu-compute"], "worker.hardware.tags[0]", "pool 'h20' is of kind gpu-bandwidth"),
+        (["decode", "kind:tpu"], "worker.hardware.tags[1]", "unknown kind"),
+        (["two words"], "worker.hardware.tags[0]", "no spaces"),
+        (["nul\x00"], "worker.hardware.tags[0]", "no spaces"),
+    ],
+)
+def test_a_malformed_or_mismatched_kind_or_tag_is_refused_with_the_field(rm_env, tags, field, why):
+    _, _, stub, md = rm_env
+    pool(stub, md, "h20", K.POOL_KIND_GPU_BANDWIDTH)
+    with pytest.raises(grpc.RpcError) as exc:
+        worker(stub, md, "w1", "h20", tags=tags)
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in exc.value.details() and why in exc.value.details(), exc.value.details()
+    assert not stub.ListWorkers(rm.ListWorkersRequest(), metadata=md).workers
+    # The declared kind of its pool is accepted and listed (the proxy routes `auto` tasks by it).
+    w = worker(stub, md, "w1", "h20", tags=["decode", "kind:gpu-bandwidth"]).worker
+    assert list(w.hardware.tags) == ["decode", "kind:gpu-bandwidth"]
+
+
 def test_garbage_bytes_are_rejected(rm_env, channel_factory):
     _, address, _, md = rm_env
     raw = channel_factory(address).unary_unary("/rollart.v1.ResourceManager/RegisterPool")
