@@ -326,6 +326,7 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
                 raise errors.FailedPrecondition(
                     f"worker.pool {errors.shorten(w.pool)} does not exist; register it first"
                 )
+            validators.worker_kind(w, pool)
             if w.ttl_seconds == 0:
                 if pool.kind != common_pb2.POOL_KIND_SERVERLESS:
                     w.ttl_seconds = self.cfg.default_ttl_seconds
