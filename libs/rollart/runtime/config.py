@@ -111,6 +111,11 @@ class ServiceConfig(StrictModel):
     ready_file: Path | None = None
     # Name reported in logs, metrics and traces (defaults to the service's name).
     instance_name: str | None = None
+    # Where other services dial this one (what it registers with the resource manager): HOST:PORT, or HOST to
+    # keep the bound port. Default: the listen address, an unspecified host (0.0.0.0, ::) replaced by this
+    # machine's address (rollart.runtime.server.advertised_address). Set it where that is not what peers
+    # reach, e.g. a compose service name (which the TLS certificate names) instead of the container's IP.
+    advertise: str | None = None
     # Largest request (bytes) the gRPC server accepts; None: the service's own default, sized to its largest
     # legitimate request (see the service's doc). Larger requests get RESOURCE_EXHAUSTED before they are read.
     max_receive_message_bytes: int | None = Field(None, ge=64 * 1024, le=1024 * 1024 * 1024)
@@ -119,6 +124,18 @@ class ServiceConfig(StrictModel):
     @classmethod
     def _addr(cls, value: str | None) -> str | None:
         return None if value is None else _check_address(value)
+
+    @field_validator("advertise")
+    @classmethod
+    def _advertise(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        host, sep, port = value.rpartition(":")
+        if not (sep and port.isdigit() and not host.endswith(":")):  # HOST only ("fe80::1" is a host too)
+            host, port = value, ""
+        if port == "0" or any(c in value for c in " /") or host.strip("[]") in ("0.0.0.0", "::", ""):
+            raise ValueError(f"expected a host peers can dial (HOST or HOST:PORT), got {value!r}")
+        return _check_address(value) if port else value
 
     @field_validator("metrics_listen")
     @classmethod
@@ -285,4 +302,5 @@ def load_config(
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
             problems.append(f"config key {key!r} (from {where}): {msg}")
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+        # One line (a container log shows it as one record): each problem names its key and where it came from.
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

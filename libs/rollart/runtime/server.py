@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,6 +31,37 @@ from .config import ServiceConfig
 from .handlers import wrap
 
 log = logging.getLogger(__name__)
+
+#: Listen hosts that bind every interface: nobody can dial them, so they are never advertised as they are.
+UNSPECIFIED_HOSTS = ("0.0.0.0", "::", "[::]", "")
+
+
+class StartupError(Exception):
+    """Raised by a service's ``start()`` when something it needs cannot work (e.g. its Redis does not answer).
+
+    The message names the setting to fix; ``serve`` logs it as one ``startup failed`` line and exits with
+    status 1 (no traceback, so a restarting container repeats one clear line, not a stack)."""
+
+
+def advertised_address(listen_host: str, port: int, advertise: str | None) -> str:
+    """The address peers dial to reach this server (what ``on_serving`` registers).
+
+    ``advertise`` wins (HOST keeps the bound ``port``); otherwise the listen host, where an unspecified one
+    (0.0.0.0, ::) becomes this machine's address: the hostname's, which is the pod IP in Kubernetes and the
+    container's IP on a compose network (the hostname itself if it does not resolve)."""
+    if advertise:
+        host, sep, p = advertise.rpartition(":")
+        if sep and p.isdigit() and not host.endswith(":"):
+            return advertise
+        return f"{advertise}:{port}"
+    if listen_host not in UNSPECIFIED_HOSTS:
+        return f"{listen_host}:{port}"
+    name = socket.gethostname()
+    try:
+        host = socket.gethostbyname(name)
+    except OSError:
+        host = name
+    return f"{host}:{port}"
 
 
 class _PeerGoneFilter(logging.Filter):
@@ -244,15 +276,21 @@ async def serve(service: Service, cfg: ServiceConfig, stop_event: asyncio.Event 
         raise RuntimeError(f"could not listen on {cfg.listen}")
     host = cfg.listen.rpartition(":")[0]
     address = f"{host}:{port}"
+    advertised = advertised_address(host, port, cfg.advertise)
 
-    await service.start()
+    try:
+        await service.start()
+    except StartupError as exc:
+        log.error("startup failed: %s", exc)
+        await server.stop(0)
+        raise SystemExit(1) from None
     await server.start()
     for svc in ["", *names]:
         await health_servicer.set(svc, health_pb2.HealthCheckResponse.SERVING)
     on_serving = getattr(service, "on_serving", None)
     if on_serving is not None:
         try:
-            await on_serving(address)
+            await on_serving(advertised)
         except Exception as exc:
             # E.g. the resource manager refused the registration: say why, release the port, exit non-zero.
             details = exc.details() if hasattr(exc, "details") else str(exc)
@@ -260,7 +298,10 @@ async def serve(service: Service, cfg: ServiceConfig, stop_event: asyncio.Event 
             await server.stop(0)
             await service.stop()
             raise SystemExit(1) from None
-    log.info("serving", extra=telemetry.log_fields(address=address, metrics_port=metrics_port, service=name))
+    log.info(
+        "serving",
+        extra=telemetry.log_fields(address=address, advertised=advertised, metrics_port=metrics_port, service=name),
+    )
     if cfg.ready_file is not None:
         ready_info = getattr(service, "ready_info", None)  # optional extra fields, e.g. a data endpoint
         _write_ready(cfg.ready_file, service.name, address, metrics_port, ready_info() if ready_info else None)

@@ -16,10 +16,12 @@ from collections.abc import AsyncIterator, Sequence
 from typing import cast
 
 import redis.asyncio as aioredis
+import redis.exceptions
 from grpc import aio
 
 from rollart.runtime import errors, ids
 from rollart.runtime.background import Periodic
+from rollart.runtime.server import StartupError
 from rollart.runtime.telemetry import log_fields
 from rollart.runtime.timeutil import seconds as _secs
 from rollart.runtime.timeutil import timestamp as _ts
@@ -33,6 +35,16 @@ from .placement import PlacementError, place
 
 log = logging.getLogger(__name__)
 ET = rm.ResourceEventType
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its password (``redis://:secret@host``) replaced by ``***``, for log lines."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not sep or not at:
+        return url
+    user, colon, _ = creds.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}"
 # redis-py types every reply as bytes | str; this client never decodes, so its replies are bytes (casts below).
 _Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
@@ -56,7 +68,13 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
         rm_grpc.add_ResourceManagerServicer_to_server(self, server)
 
     async def start(self) -> None:
-        await self.redis.ping()
+        try:
+            await self.redis.ping()
+        except (redis.exceptions.RedisError, OSError) as exc:
+            # One line naming the setting (the URL without its password), not a traceback per restart.
+            raise StartupError(
+                f"cannot reach Redis at {redacted_url(self.cfg.redis_url)} (redis_url / ROLLART_REDIS_URL): {exc}"
+            ) from None
         self._reaper.start()
 
     async def stop(self) -> None:
