@@ -406,11 +406,16 @@ class ElasticPool:
             "budget": budget,
         }
         started = time.monotonic()
-        try:
+
+        async def exchange() -> dict[str, Any] | None:
             assert w.proc is not None and w.proc.stdin is not None and w.proc.stdout is not None
             w.proc.stdin.write(encode(msg))
-            await w.proc.stdin.drain()
-            reply = await asyncio.wait_for(read_frame(w.proc.stdout), budget + self.s.kill_grace)
+            await w.proc.stdin.drain()  # blocks while a hung (stopped) worker leaves a full pipe unread
+            return await read_frame(w.proc.stdout)
+
+        try:
+            # One bound for sending the job and reading the verdict: a worker that hangs at either end is killed.
+            reply = await asyncio.wait_for(exchange(), budget + self.s.kill_grace)
             if reply is None:
                 raise FrameError("worker closed its output")
         except TimeoutError:

@@ -154,3 +154,40 @@ def test_unknown_method_and_health(pool, module_channel):
     with pytest.raises(grpc.RpcError) as exc:
         raw(b"", metadata=pool.md, timeout=5)
     assert exc.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_hung_worker_is_killed_at_the_budget_mid_score_or_before_it_reads_the_job(pool):
+    """SIGSTOP (alive, answering nothing): mid-score, and while idle before a job too big for its pipe arrives
+    (sending it blocks until the worker reads): both end at the job's budget with the worker killed."""
+    kills = pool.metrics().get("rollart_reward_worker_kills_total", 0)
+    request = custom("stopped-mid-score", "sleepy", seconds="0.5")
+    request.timeout.FromNanoseconds(2_000_000_000)
+    thread, out = in_background(lambda: score(pool, request))
+    st = pool.wait_for(lambda s: any(w.trajectory_id == "stopped-mid-score" for w in s.workers), what="scoring")
+    worker = next(w for w in st.workers if w.trajectory_id == "stopped-mid-score")
+    os.kill(int(worker.handle), signal.SIGSTOP)
+    thread.join(30)
+    res = out["result"]
+    assert (res.status, res.cause, res.retryable) == (SS.SCORE_STATUS_TIMEOUT, "deadline", True), res
+    assert worker.worker_id not in {w.worker_id for w in pool.status().workers}
+
+    pool.stub.ConfigurePool(r.ConfigureRewardPoolRequest(min_workers=1, max_workers=1), metadata=pool.md, timeout=5)
+    try:
+        st = pool.wait_for(lambda s: [w.state for w in s.workers] == [WS.REWARD_WORKER_STATE_IDLE], what="warm")
+        os.kill(int(st.workers[0].handle), signal.SIGSTOP)
+        big = custom("stopped-idle", "whoami")
+        big.trajectory.metadata["padding"] = "x" * (4 << 20)  # far beyond a pipe's buffer
+        big.timeout.FromNanoseconds(1_000_000_000)
+        t0 = time.monotonic()
+        res = score(pool, big)
+        assert time.monotonic() - t0 < 10
+        assert (res.status, res.cause) == (SS.SCORE_STATUS_TIMEOUT, "deadline"), res
+        assert pool.metrics()["rollart_reward_worker_kills_total"] == kills + 2
+        # the pool replaces it and goes on
+        assert score(pool, custom("after-hang", "whoami")).status == SS.SCORE_STATUS_OK
+    finally:
+        pool.stub.ConfigurePool(
+            r.ConfigureRewardPoolRequest(min_workers=0, max_workers=2, idle_timeout=Duration(seconds=1)),
+            metadata=pool.md,
+            timeout=5,
+        )
