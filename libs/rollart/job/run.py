@@ -43,7 +43,16 @@ from rollart.v1 import envmanager_pb2, envmanager_pb2_grpc, ledger_pb2, ledger_p
 
 from .loops import LoopKeeper
 from .metrics import read_records, time_to_score
-from .spec import SpecError, apply_overrides, environment_spec, job_spec, load_job_file, model_dir_digest
+from .spec import (
+    ActorPool,
+    SpecError,
+    apply_overrides,
+    cluster_actor_pools,
+    environment_spec,
+    job_spec,
+    load_job_file,
+    model_dir_digest,
+)
 from .timeline import plot_timeline
 
 T = trainer_pb2
@@ -74,6 +83,8 @@ class RunOptions:
     quiet: bool = False
     service_env: dict[str, dict[str, str]] = field(default_factory=dict)
     overrides: list[str] = field(default_factory=list)  # --set KEY=VALUE, applied to the job file
+    # cluster.actors as a list of pools (kinds, engine settings, CPUs); empty: `actors` in the default pool.
+    actor_pools: list[ActorPool] = field(default_factory=list)
 
 
 def _section(data: dict[str, Any], name: str) -> dict[str, Any]:
@@ -300,6 +311,9 @@ class Runner:
             overrides.setdefault(name, {}).update(extra)
         for name, extra in self.opts.service_env.items():
             overrides.setdefault(name, {}).update({k: str(v) for k, v in extra.items()})
+        pools = [(p.count, p.env) for p in self.opts.actor_pools]
+        for name, extra in local.pool_instances("actor", pools).items():  # each actor its pool, kind and CPUs
+            overrides.setdefault(name, {}).update(extra)
         self.say(f"cluster          starting in {self.state_dir} ({self.opts.actors} actors)")
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
@@ -669,7 +683,8 @@ def run(opts: RunOptions, log: TextIO = sys.stderr) -> int:
     data = apply_overrides(load_job_file(opts.job_file), opts.overrides)
     run_section = _section(data, "run")
     cluster = _section(data, "cluster")
-    opts.actors = int(cluster.get("actors", opts.actors))
+    opts.actor_pools = cluster_actor_pools(cluster)
+    opts.actors = sum(p.count for p in opts.actor_pools) or int(cluster.get("actors", opts.actors))
     opts.loops = int(data.get("loops", opts.loops))
     if not opts.timeout and run_section.get("timeout"):
         opts.timeout = float(str(run_section["timeout"]).rstrip("s"))

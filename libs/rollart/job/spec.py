@@ -14,8 +14,10 @@ Only ``job`` matters to the trainer; everything here is torch-free (the CLI and 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +154,119 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
     if "job" not in data:
         raise SpecError(f"{p}: the job section is required")
     return data
+
+
+# ``cluster.actors``: an int (that many actors in the actor's default pool) or a list of actor pools.
+ACTOR_POOL_KEYS = ("pool", "kind", "count", "tags", "engine", "cpus", "pd_role")
+ACTOR_KINDS = ("cpu", "gpu-compute", "gpu-bandwidth")
+# Engine settings a pool may give its actors (rollart_actor.config.ActorConfig keys, as ROLLART_<KEY>).
+ACTOR_ENGINE_KEYS = (
+    "max_num_seqs",
+    "kv_cache_gib",
+    "max_model_len",
+    "enable_prefix_caching",
+    "chunked_prefill",
+    "enforce_eager",
+    "gpu_memory_utilization",
+    "dtype",
+    "seed",
+    "scheduling_policy",
+    "engine_args",
+    "kv_transfer_config",
+)
+MAX_ACTORS = 64
+_POOL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+_HW_TAG = re.compile(r"[A-Za-z0-9._:/=+@#~-]{1,128}")
+_CPU_LIST = re.compile(r"[0-9]{1,4}(-[0-9]{1,4})?(,[0-9]{1,4}(-[0-9]{1,4})?)*")
+
+
+@dataclass(frozen=True)
+class ActorPool:
+    """One pool of ``cluster.actors``: ``count`` actors of one hardware kind, with their engine settings and
+    CPU pinning (``cpus``: one taskset list for the pool, or one per actor)."""
+
+    pool: str
+    kind: str
+    count: int
+    tags: tuple[str, ...] = ()
+    engine: tuple[tuple[str, Any], ...] = ()
+    cpus: tuple[str, ...] = ()
+    pd_role: str = "unified"
+
+    def env(self, index: int) -> dict[str, str]:
+        """The environment of the pool's ``index``-th actor (ROLLART_* settings of rollart-actor)."""
+        env = {
+            "ROLLART_POOL": self.pool,
+            "ROLLART_POOL_KIND": self.kind,
+            "ROLLART_HARDWARE__TAGS": json.dumps(list(self.tags)),
+            "ROLLART_PD_ROLE": self.pd_role,
+        }
+        for key, value in self.engine:
+            env[f"ROLLART_{key.upper()}"] = json.dumps(value) if not isinstance(value, str) else value
+        if self.cpus:
+            env["ROLLART_CPUS"] = self.cpus[index] if len(self.cpus) > 1 else self.cpus[0]
+        return env
+
+
+def cluster_actor_pools(cluster: Mapping[str, Any]) -> list[ActorPool]:
+    """``cluster.actors`` as pools (empty list for the single-pool form ``actors: N`` or no key), each field
+    checked: a bad value is a ``SpecError`` naming ``cluster.actors[i].<field>``."""
+    raw = cluster.get("actors")
+    if raw is None or (isinstance(raw, int) and not isinstance(raw, bool)):
+        if raw is not None and not 1 <= raw <= MAX_ACTORS:
+            raise SpecError(f"cluster.actors: expected 1 to {MAX_ACTORS} actors, got {raw}")
+        return []
+    if not isinstance(raw, list) or not raw:
+        raise SpecError("cluster.actors: expected a number of actors or a non-empty list of pools")
+    out: list[ActorPool] = []
+    for i, item in enumerate(raw):
+        where = f"cluster.actors[{i}]"
+        if not isinstance(item, Mapping):
+            raise SpecError(f"{where}: expected a mapping ({', '.join(ACTOR_POOL_KEYS)})")
+        unknown = sorted(set(item) - set(ACTOR_POOL_KEYS))
+        if unknown:
+            raise SpecError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(ACTOR_POOL_KEYS)})")
+        kind = str(item.get("kind", "cpu"))
+        if kind not in ACTOR_KINDS:
+            raise SpecError(f"{where}.kind: unknown kind {kind!r} (one of {', '.join(ACTOR_KINDS)})")
+        pool = str(item.get("pool", kind))
+        if not _POOL_NAME.fullmatch(pool):
+            raise SpecError(f"{where}.pool: {pool!r} is not a pool name ([a-z0-9][a-z0-9._-]{{0,62}})")
+        if any(p.pool == pool for p in out):
+            raise SpecError(f"{where}.pool: pool {pool!r} is listed twice")
+        count = item.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_ACTORS:
+            raise SpecError(f"{where}.count: expected an integer in [1, {MAX_ACTORS}], got {count!r}")
+        tags = item.get("tags") or []
+        if not isinstance(tags, list):
+            raise SpecError(f"{where}.tags: expected a list of tags")
+        for j, tag in enumerate(tags):
+            if not isinstance(tag, str) or not _HW_TAG.fullmatch(tag):
+                raise SpecError(f"{where}.tags[{j}]: {tag!r} is not a tag (1-128 of A-Za-z0-9._:/=+@#~-)")
+            if tag.startswith("kind:") and tag != f"kind:{kind}":
+                raise SpecError(f"{where}.tags[{j}]: {tag!r} contradicts kind {kind!r}")
+        engine = item.get("engine") or {}
+        if not isinstance(engine, Mapping):
+            raise SpecError(f"{where}.engine: expected a mapping of actor engine settings")
+        for key in engine:
+            if key not in ACTOR_ENGINE_KEYS:
+                raise SpecError(f"{where}.engine.{key}: unknown engine setting (known: {', '.join(ACTOR_ENGINE_KEYS)})")
+        cpus_raw = item.get("cpus")
+        cpus: list[str] = []
+        if cpus_raw is not None:
+            cpus = [str(c) for c in cpus_raw] if isinstance(cpus_raw, list) else [str(cpus_raw)]
+            if isinstance(cpus_raw, list) and len(cpus) != count:
+                raise SpecError(f"{where}.cpus: a list gives one CPU list per actor ({count}), got {len(cpus)}")
+            for c in cpus:
+                if not _CPU_LIST.fullmatch(c):
+                    raise SpecError(f"{where}.cpus: {c!r} is not a CPU list like 0, 0-3 or 0,2")
+        pd_role = str(item.get("pd_role", "unified"))
+        if pd_role not in ("unified", "prefill", "decode"):
+            raise SpecError(f"{where}.pd_role: expected unified, prefill or decode, got {pd_role!r}")
+        out.append(ActorPool(pool, kind, count, tuple(tags), tuple(engine.items()), tuple(cpus), pd_role))
+    if sum(p.count for p in out) > MAX_ACTORS:
+        raise SpecError(f"cluster.actors: at most {MAX_ACTORS} actors in all")
+    return out
 
 
 def model_dir_digest(path: str | Path) -> bytes:

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,6 +140,17 @@ def _trainer_env(state: dict) -> dict[str, str]:
 
 def instance_names(spec: ServiceSpec, replicas: int) -> list[str]:
     return [spec.name if i == 0 else f"{spec.name}-{i + 1}" for i in range(replicas)]
+
+
+def pool_instances(
+    service: str, pools: Sequence[tuple[int, Callable[[int], dict[str, str]]]]
+) -> dict[str, dict[str, str]]:
+    """Instances of ``service`` for pools given as (count, environment of the pool's i-th member), in order:
+    instance name -> its environment, for ``up(replicas={service: total}, env_overrides=...)``. Two pools of
+    two actors are ``actor`` and ``actor-2`` in the first, ``actor-3`` and ``actor-4`` in the second."""
+    spec = next(s for s in SERVICES if s.name == service)
+    names = iter(instance_names(spec, sum(count for count, _ in pools)))
+    return {next(names): env_of(i) for count, env_of in pools for i in range(count)}
 
 
 def default_state_dir() -> Path:
