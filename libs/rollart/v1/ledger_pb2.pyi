@@ -644,6 +644,36 @@ class AcquireLeasesResponse(_message.Message):
     retry_after: _duration_pb2.Duration
     def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
+class AcquireLeasesBatchRequest(_message.Message):
+    __slots__ = ("requests", "wait")
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[AcquireLeasesRequest]
+    wait: _duration_pb2.Duration
+    def __init__(self, requests: _Optional[_Iterable[_Union[AcquireLeasesRequest, _Mapping]]] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class BatchItemError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class AcquireLeasesBatchResult(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: AcquireLeasesResponse
+    error: BatchItemError
+    def __init__(self, response: _Optional[_Union[AcquireLeasesResponse, _Mapping]] = ..., error: _Optional[_Union[BatchItemError, _Mapping]] = ...) -> None: ...
+
+class AcquireLeasesBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AcquireLeasesBatchResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AcquireLeasesBatchResult, _Mapping]]] = ...) -> None: ...
+
 class RenewLeaseRequest(_message.Message):
     __slots__ = ("lease_id", "holder")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -757,6 +787,26 @@ class SubmitResponse(_message.Message):
     group_admitted: int
     awaiting_reward: bool
     def __init__(self, admitted: _Optional[bool] = ..., reason: _Optional[_Union[RejectionReason, str]] = ..., detail: _Optional[str] = ..., duplicate: _Optional[bool] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., group_complete: _Optional[bool] = ..., group_admitted: _Optional[int] = ..., awaiting_reward: _Optional[bool] = ...) -> None: ...
+
+class SubmitBatchRequest(_message.Message):
+    __slots__ = ("submissions",)
+    SUBMISSIONS_FIELD_NUMBER: _ClassVar[int]
+    submissions: _containers.RepeatedCompositeFieldContainer[SubmitRequest]
+    def __init__(self, submissions: _Optional[_Iterable[_Union[SubmitRequest, _Mapping]]] = ...) -> None: ...
+
+class SubmitBatchResult(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: SubmitResponse
+    error: BatchItemError
+    def __init__(self, response: _Optional[_Union[SubmitResponse, _Mapping]] = ..., error: _Optional[_Union[BatchItemError, _Mapping]] = ...) -> None: ...
+
+class SubmitBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SubmitBatchResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[SubmitBatchResult, _Mapping]]] = ...) -> None: ...
 
 class RecordRewardRequest(_message.Message):
     __slots__ = ("trajectory_id", "reward", "failed", "failure_cause")

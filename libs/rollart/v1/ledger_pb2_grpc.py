@@ -121,6 +121,11 @@ class LedgerStub:
                 request_serializer=rollart_dot_v1_dot_ledger__pb2.AcquireLeasesRequest.SerializeToString,
                 response_deserializer=rollart_dot_v1_dot_ledger__pb2.AcquireLeasesResponse.FromString,
                 _registered_method=True)
+        self.AcquireLeasesBatch = channel.unary_unary(
+                '/rollart.v1.Ledger/AcquireLeasesBatch',
+                request_serializer=rollart_dot_v1_dot_ledger__pb2.AcquireLeasesBatchRequest.SerializeToString,
+                response_deserializer=rollart_dot_v1_dot_ledger__pb2.AcquireLeasesBatchResponse.FromString,
+                _registered_method=True)
         self.RenewLease = channel.unary_unary(
                 '/rollart.v1.Ledger/RenewLease',
                 request_serializer=rollart_dot_v1_dot_ledger__pb2.RenewLeaseRequest.SerializeToString,
@@ -150,6 +155,11 @@ class LedgerStub:
                 '/rollart.v1.Ledger/Submit',
                 request_serializer=rollart_dot_v1_dot_ledger__pb2.SubmitRequest.SerializeToString,
                 response_deserializer=rollart_dot_v1_dot_ledger__pb2.SubmitResponse.FromString,
+                _registered_method=True)
+        self.SubmitBatch = channel.unary_unary(
+                '/rollart.v1.Ledger/SubmitBatch',
+                request_serializer=rollart_dot_v1_dot_ledger__pb2.SubmitBatchRequest.SerializeToString,
+                response_deserializer=rollart_dot_v1_dot_ledger__pb2.SubmitBatchResponse.FromString,
                 _registered_method=True)
         self.RecordReward = channel.unary_unary(
                 '/rollart.v1.Ledger/RecordReward',
@@ -340,6 +350,18 @@ class LedgerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AcquireLeasesBatch(self, request, context):
+        """Several AcquireLeases in one call (an envmanager's loops, each its own
+        holder): one round trip to the ledger and one to its store for all of
+        them. Each request is served on its own, in order, exactly as
+        AcquireLeases would (its own atomic step); the call waits up to `wait`
+        only while no request got a lease. At most 256 requests, a holder at most
+        once, at most 1000 leases in all (INVALID_ARGUMENT otherwise).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RenewLease(self, request, context):
         """Extends an active lease held by the holder. The reply always carries the
         lease's current state: a CANCELLED or EXPIRED lease is not extended and
@@ -391,6 +413,21 @@ class LedgerServicer:
         duplicate=true and counts once. A rejection is a verdict, not an error;
         malformed requests get INVALID_ARGUMENT. One trajectory per call, within
         the ledger's receive limit (16 MiB by default).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitBatch(self, request, context):
+        """Settles several results in one call: each is settled on its own (its own
+        atomic step, the same rules, verdicts and idempotency per lease and
+        trajectory as Submit), in order, in one round trip to the store; the
+        reply comes once every verdict is durable. A result Submit would refuse
+        (malformed: INVALID_ARGUMENT; trajectory id used for another lease:
+        ALREADY_EXISTS) is refused alone, in its item. A batch that is empty, holds
+        more than 256 results or names a lease or a trajectory id twice is
+        INVALID_ARGUMENT as a whole; the request is within the ledger's receive
+        limit (16 MiB by default). Safe to retry whole after an error.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -523,6 +560,11 @@ def add_LedgerServicer_to_server(servicer, server):
                     request_deserializer=rollart_dot_v1_dot_ledger__pb2.AcquireLeasesRequest.FromString,
                     response_serializer=rollart_dot_v1_dot_ledger__pb2.AcquireLeasesResponse.SerializeToString,
             ),
+            'AcquireLeasesBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquireLeasesBatch,
+                    request_deserializer=rollart_dot_v1_dot_ledger__pb2.AcquireLeasesBatchRequest.FromString,
+                    response_serializer=rollart_dot_v1_dot_ledger__pb2.AcquireLeasesBatchResponse.SerializeToString,
+            ),
             'RenewLease': grpc.unary_unary_rpc_method_handler(
                     servicer.RenewLease,
                     request_deserializer=rollart_dot_v1_dot_ledger__pb2.RenewLeaseRequest.FromString,
@@ -552,6 +594,11 @@ def add_LedgerServicer_to_server(servicer, server):
                     servicer.Submit,
                     request_deserializer=rollart_dot_v1_dot_ledger__pb2.SubmitRequest.FromString,
                     response_serializer=rollart_dot_v1_dot_ledger__pb2.SubmitResponse.SerializeToString,
+            ),
+            'SubmitBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitBatch,
+                    request_deserializer=rollart_dot_v1_dot_ledger__pb2.SubmitBatchRequest.FromString,
+                    response_serializer=rollart_dot_v1_dot_ledger__pb2.SubmitBatchResponse.SerializeToString,
             ),
             'RecordReward': grpc.unary_unary_rpc_method_handler(
                     servicer.RecordReward,
@@ -1045,6 +1092,33 @@ class Ledger:
             _registered_method=True)
 
     @staticmethod
+    def AcquireLeasesBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollart.v1.Ledger/AcquireLeasesBatch',
+            rollart_dot_v1_dot_ledger__pb2.AcquireLeasesBatchRequest.SerializeToString,
+            rollart_dot_v1_dot_ledger__pb2.AcquireLeasesBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def RenewLease(request,
             target,
             options=(),
@@ -1196,6 +1270,33 @@ class Ledger:
             '/rollart.v1.Ledger/Submit',
             rollart_dot_v1_dot_ledger__pb2.SubmitRequest.SerializeToString,
             rollart_dot_v1_dot_ledger__pb2.SubmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollart.v1.Ledger/SubmitBatch',
+            rollart_dot_v1_dot_ledger__pb2.SubmitBatchRequest.SerializeToString,
+            rollart_dot_v1_dot_ledger__pb2.SubmitBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,7 +23,7 @@ from importlib import resources
 from typing import Any, Literal, cast
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from rollart.v1 import common_pb2
 from rollart.v1 import ledger_pb2 as lp
@@ -173,6 +173,36 @@ class WorkReport:
 
 
 @dataclass(frozen=True)
+class AcquireArgs:
+    """One request of :meth:`LedgerScripts.acquire_many` (the keyword arguments of :meth:`~LedgerScripts.acquire`)."""
+
+    holder: str
+    max_leases: int
+    region: str = ""
+    group_id: str = ""
+    tasks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One result for :meth:`LedgerScripts.submit_many` (the keyword arguments of :meth:`~LedgerScripts.submit`)."""
+
+    lease_id: str
+    trajectory_id: str
+    holder: str
+    lease_version: int
+    ok: bool
+    token_versions: tuple[int, int] | None
+    scored: bool
+    reward: float
+    trajectory: bytes
+    tau_window_ms: int
+    version_hashes: Mapping[int, bytes]
+    work: Sequence[WorkReport]
+    generated_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class Verdict:
     admitted: bool
     reason: lp.RejectionReason  # 0 when admitted
@@ -243,10 +273,36 @@ class LedgerScripts:
         try:
             return await self._scripts[name](keys=[self.prefix], args=[now_ms(), *args], client=client)
         except ResponseError as exc:
-            code, _, message = str(exc).partition(" ")
-            if code in LedgerError.CODES:
-                raise LedgerError(code, message) from None
-            raise
+            raise _ledger_error(exc) from None
+
+    async def _run_many(self, name: str, arglists: Sequence[Sequence[Any]]) -> list[Any]:
+        """Runs script ``name`` once per argument list, in order, in one pipeline (one round trip, and one AOF
+        fsync for all of them): each run is its own atomic step, as with :meth:`_run`. Returns the replies in
+        order, a :class:`LedgerError` in place of a run the script refused. A connection lost midway raises
+        (some runs may have happened: the callers' scripts are idempotent, so the whole batch may be retried)."""
+        script = self._scripts[name]
+        out: list[Any] = [None] * len(arglists)
+        pending = list(range(len(arglists)))
+        for _attempt in range(2):
+            pipe = self.redis.pipeline(transaction=False)
+            for i in pending:
+                pipe.evalsha(script.sha, 1, self.prefix, now_ms(), *arglists[i])
+            replies = await pipe.execute(raise_on_error=False)
+            missing = []
+            for i, reply in zip(pending, replies):
+                if isinstance(reply, NoScriptError):
+                    missing.append(i)  # not run (Redis restarted without its script cache): run it again
+                elif isinstance(reply, ResponseError):
+                    out[i] = _ledger_error(reply)
+                elif isinstance(reply, Exception):
+                    raise reply
+                else:
+                    out[i] = reply
+            if not missing:
+                return out
+            await self.load()
+            pending = missing
+        raise RuntimeError(f"script {name} is still missing from Redis after loading it")
 
     # -------------------------------------------------------------------------------------------- policy
 
@@ -395,8 +451,13 @@ class LedgerScripts:
         self, *, holder: str, max_leases: int, region: str, group_id: str, tasks: Sequence[str]
     ) -> Acquired:
         """Leases up to ``max_leases`` pending slots (``group_id`` '' and ``tasks`` () do not filter)."""
-        out = await self._run("acquire", [holder, max_leases, region, group_id, len(tasks), *tasks])
-        return Acquired(_text(out[0]), [codec.lease_from_row(row) for row in out[1:]])  # type: ignore[arg-type]
+        out = await self._run("acquire", _acquire_args(AcquireArgs(holder, max_leases, region, group_id, tuple(tasks))))
+        return _acquired(out)
+
+    async def acquire_many(self, requests: Sequence[AcquireArgs]) -> list[Acquired | LedgerError]:
+        """:meth:`acquire` for each request, in order, in one round trip (each its own atomic step)."""
+        replies = await self._run_many("acquire", [_acquire_args(r) for r in requests])
+        return [r if isinstance(r, LedgerError) else _acquired(r) for r in replies]
 
     async def renew(self, *, lease_id: str, holder: str) -> lp.Lease:
         return codec.lease_from_row(await self._run("renew", [lease_id, holder]))
@@ -416,59 +477,18 @@ class LedgerScripts:
 
     # ---------------------------------------------------------------------------------------- settlement
 
-    async def submit(
-        self,
-        *,
-        lease_id: str,
-        trajectory_id: str,
-        holder: str,
-        lease_version: int,
-        ok: bool,
-        token_versions: tuple[int, int] | None,
-        scored: bool,
-        reward: float,
-        trajectory: bytes,
-        tau_window_ms: int,
-        version_hashes: Mapping[int, bytes],
-        work: Sequence[WorkReport],
-        generated_tokens: int = 0,
-    ) -> Verdict:
-        """Settles one result. ``token_versions`` is (oldest, newest) version of the action tokens, None when
-        the trajectory has no tokens; ``version_hashes`` maps every reported version to its hash;
-        ``generated_tokens`` (its action tokens) goes into the generation accounting with its fate."""
-        lo, hi = token_versions if token_versions is not None else (0, 0)
-        args: list[Any] = [
-            lease_id,
-            trajectory_id,
-            holder,
-            lease_version,
-            _flag(ok),
-            _flag(token_versions is not None),
-            lo,
-            hi,
-            _flag(scored),
-            repr(reward),
-            trajectory,
-            tau_window_ms,
-            len(version_hashes),
-        ]
-        for v, h in version_hashes.items():
-            args += [v, h]
-        args.append(len(work))
-        for w in work:
-            args += [w.actor_id, w.tokens, w.generation_ms]
-        args.append(int(generated_tokens))
-        adm, reason, detail, dup, gc, gadm, awaiting, row = await self._run("submit", args)
-        return Verdict(
-            admitted=bool(adm),
-            reason=cast(lp.RejectionReason, int(reason)),
-            detail=_text(detail),
-            duplicate=bool(dup),
-            group_complete=bool(gc),
-            group_admitted=int(gadm),
-            awaiting_reward=bool(awaiting),
-            lease=codec.lease_from_row(row) if row else None,
-        )
+    async def submit(self, **kw: Any) -> Verdict:
+        """Settles one result (the fields of :class:`Submission`). ``token_versions`` is (oldest, newest) version
+        of the action tokens, None when the trajectory has no tokens; ``version_hashes`` maps every reported
+        version to its hash; ``generated_tokens`` (its action tokens) goes into the generation accounting with
+        its fate."""
+        return _verdict(await self._run("submit", _submit_args(Submission(**kw))))
+
+    async def submit_many(self, submissions: Sequence[Submission]) -> list[Verdict | LedgerError]:
+        """:meth:`submit` for each result, in order, in one round trip: each settled on its own (its own atomic
+        step, its own idempotency per lease and trajectory); the replies are read once Redis has them on disk."""
+        replies = await self._run_many("submit", [_submit_args(x) for x in submissions])
+        return [r if isinstance(r, LedgerError) else _verdict(r) for r in replies]
 
     async def record_reward(self, *, trajectory_id: str, failed: bool, reward: float) -> RewardRecorded:
         recorded, value, unknown, ready = await self._run(
@@ -532,3 +552,60 @@ class LedgerScripts:
             "reap", [lease_retention_ms, actor_retention_ms, score_deadline_ms]
         )
         return Reaped(int(expired), int(dead), int(purged), int(unscored))
+
+
+# ------------------------------------------------------------------------------------------- argument layouts
+
+
+def _ledger_error(exc: ResponseError) -> Exception:
+    """The :class:`LedgerError` a script refused with (``CODE message``); any other error unchanged (a bug)."""
+    code, _, message = str(exc).partition(" ")
+    return LedgerError(code, message) if code in LedgerError.CODES else exc
+
+
+def _acquire_args(r: AcquireArgs) -> list[Any]:
+    return [r.holder, r.max_leases, r.region, r.group_id, len(r.tasks), *r.tasks]
+
+
+def _acquired(out: Any) -> Acquired:
+    return Acquired(_text(out[0]), [codec.lease_from_row(row) for row in out[1:]])  # type: ignore[arg-type]
+
+
+def _submit_args(x: Submission) -> list[Any]:
+    lo, hi = x.token_versions if x.token_versions is not None else (0, 0)
+    args: list[Any] = [
+        x.lease_id,
+        x.trajectory_id,
+        x.holder,
+        x.lease_version,
+        _flag(x.ok),
+        _flag(x.token_versions is not None),
+        lo,
+        hi,
+        _flag(x.scored),
+        repr(x.reward),
+        x.trajectory,
+        x.tau_window_ms,
+        len(x.version_hashes),
+    ]
+    for v, h in x.version_hashes.items():
+        args += [v, h]
+    args.append(len(x.work))
+    for w in x.work:
+        args += [w.actor_id, w.tokens, w.generation_ms]
+    args.append(int(x.generated_tokens))
+    return args
+
+
+def _verdict(out: Any) -> Verdict:
+    adm, reason, detail, dup, gc, gadm, awaiting, row = out
+    return Verdict(
+        admitted=bool(adm),
+        reason=cast(lp.RejectionReason, int(reason)),
+        detail=_text(detail),
+        duplicate=bool(dup),
+        group_complete=bool(gc),
+        group_admitted=int(gadm),
+        awaiting_reward=bool(awaiting),
+        lease=codec.lease_from_row(row) if row else None,
+    )

@@ -10,6 +10,7 @@ model.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import math
@@ -36,7 +37,17 @@ from . import policy as pol
 from .config import LedgerConfig
 from .errors import LedgerError
 from .planning import StepPlanner
-from .scripts import BatchRecord, LedgerScripts, NewGroup, WorkReport, now_ms
+from .scripts import (
+    AcquireArgs,
+    Acquired,
+    BatchRecord,
+    LedgerScripts,
+    NewGroup,
+    Submission,
+    Verdict,
+    WorkReport,
+    now_ms,
+)
 from .tasks import task_pools
 
 log = logging.getLogger(__name__)
@@ -46,6 +57,9 @@ _Entries = list[tuple[bytes, dict[bytes, bytes]]]
 MAX_BATCH = 1_000_000
 MAX_PROMPTS = 10_000
 MAX_PRIORITY = 1_000_000
+# Items of one AcquireLeasesBatch or SubmitBatch; leases of one AcquireLeases(Batch) call.
+MAX_BATCH_ITEMS = 256
+MAX_LEASES_PER_CALL = 1000
 # A new version is at most this far above the latest (the first at most this far above -1).
 MAX_VERSION_STEP = 1024
 K = lp.SubscriberKind
@@ -80,6 +94,22 @@ def _check_id(name: str, value: str, required: bool = True) -> None:
 
 def _check_duration(name: str, d: Any) -> float:
     return timeutil.checked_duration(name, d)
+
+
+def vars_of(x: Any) -> dict[str, Any]:
+    """A dataclass's fields as keyword arguments (shallow: the values themselves, not copies)."""
+    return {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+
+
+def _retry_after(got: Acquired) -> Any:
+    """When to ask again after an acquire that got nothing: later while no version is registered."""
+    return codec.dur_ms(1000 if got.status == "noversion" else 250)
+
+
+def _item_error(exc: errors.ServiceError) -> lp.BatchItemError:
+    """The status one refused item of a batch would have ended its own call with."""
+    message = errors.truncate_bytes(exc.details(), errors.MAX_DETAILS_BYTES)
+    return lp.BatchItemError(code=exc.code.value[0], message=message)
 
 
 def handler(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -621,36 +651,91 @@ class LedgerService(lg.LedgerServicer):
             group_ids=added.group_ids, groups_created=added.groups_created, samples_added=added.samples_added
         )
 
+    @staticmethod
+    def _acquire_args(request: lp.AcquireLeasesRequest, at: str = "") -> AcquireArgs:
+        """An AcquireLeases request checked (INVALID_ARGUMENT); ``at`` prefixes field names (a batch item's)."""
+        _check_id(f"{at}holder", request.holder)
+        _check_id(f"{at}group_id", request.group_id, required=False)
+        if not 0 <= request.max_leases <= MAX_LEASES_PER_CALL:
+            raise invalid(
+                f"{at}max_leases must be within [1, {MAX_LEASES_PER_CALL}] (0: 1), got {request.max_leases}"
+            )
+        if len(request.tasks) > 100 or any(len(t) > 256 for t in request.tasks):
+            raise invalid(f"{at}tasks: at most 100 tags of at most 256 characters")
+        if len(request.region) > 128:
+            raise invalid(f"{at}region is too long")
+        return AcquireArgs(
+            holder=request.holder,
+            max_leases=request.max_leases or 1,
+            region=request.region,
+            group_id=request.group_id,
+            tasks=tuple(request.tasks),
+        )
+
     @handler
     async def AcquireLeases(
         self, request: lp.AcquireLeasesRequest, context: aio.ServicerContext
     ) -> lp.AcquireLeasesResponse:
-        _check_id("holder", request.holder)
-        _check_id("group_id", request.group_id, required=False)
-        if not 0 <= request.max_leases <= 1000:
-            raise invalid(f"max_leases must be within [1, 1000] (0: 1), got {request.max_leases}")
-        if len(request.tasks) > 100 or any(len(t) > 256 for t in request.tasks):
-            raise invalid("tasks: at most 100 tags of at most 256 characters")
-        if len(request.region) > 128:
-            raise invalid("region is too long")
+        args = self._acquire_args(request)
         wait = self._bounded_wait(_check_duration("wait", request.wait), context)
         deadline = time.monotonic() + wait
         while True:
             event = self.signal.current()
             got = await self.scripts.acquire(
-                holder=request.holder,
-                max_leases=request.max_leases or 1,
-                region=request.region,
-                group_id=request.group_id,
-                tasks=list(request.tasks),
+                holder=args.holder,
+                max_leases=args.max_leases,
+                region=args.region,
+                group_id=args.group_id,
+                tasks=args.tasks,
             )
             if got.status == "ok":
                 LEASES_ISSUED.inc(len(got.leases))
                 return lp.AcquireLeasesResponse(leases=got.leases)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                retry = 1000 if got.status == "noversion" else 250
-                return lp.AcquireLeasesResponse(retry_after=codec.dur_ms(retry))
+                return lp.AcquireLeasesResponse(retry_after=_retry_after(got))
+            await self.signal.wait(event, min(remaining, self.cfg.poll_interval_seconds))
+
+    @handler
+    async def AcquireLeasesBatch(
+        self, request: lp.AcquireLeasesBatchRequest, context: aio.ServicerContext
+    ) -> lp.AcquireLeasesBatchResponse:
+        n = len(request.requests)
+        if not 1 <= n <= MAX_BATCH_ITEMS:
+            raise invalid(f"requests must hold 1 to {MAX_BATCH_ITEMS} requests, got {n}")
+        holders: dict[str, int] = {}
+        for i, item in enumerate(request.requests):
+            if item.holder in holders:
+                raise invalid(
+                    f"requests[{i}] names holder {errors.shorten(item.holder)} as requests[{holders[item.holder]}]"
+                    " does: one request per holder in a batch"
+                )
+            holders[item.holder] = i
+        args = [self._acquire_args(item, f"requests[{i}].") for i, item in enumerate(request.requests)]
+        total = sum(a.max_leases for a in args)
+        if total > MAX_LEASES_PER_CALL:
+            raise invalid(f"requests ask for {total} leases in all, more than {MAX_LEASES_PER_CALL}")
+        wait = self._bounded_wait(_check_duration("wait", request.wait), context)
+        deadline = time.monotonic() + wait
+        results = [lp.AcquireLeasesBatchResult() for _ in range(n)]
+        open_items = list(range(n))  # requests without a lease or an error yet
+        while True:
+            event = self.signal.current()
+            got = await self.scripts.acquire_many([args[i] for i in open_items])
+            leased = False
+            for i, g in zip(open_items, got):
+                if isinstance(g, LedgerError):
+                    results[i].error.CopyFrom(_item_error(errors.error_for(g.code, f"requests[{i}]: {g.message}")))
+                elif g.status == "ok":
+                    LEASES_ISSUED.inc(len(g.leases))
+                    results[i].response.leases.extend(g.leases)
+                    leased = True
+                else:
+                    results[i].response.retry_after.CopyFrom(_retry_after(g))
+            open_items = [i for i, g in zip(open_items, got) if not isinstance(g, LedgerError)]
+            remaining = deadline - time.monotonic()
+            if leased or not open_items or remaining <= 0:
+                return lp.AcquireLeasesBatchResponse(results=results)
             await self.signal.wait(event, min(remaining, self.cfg.poll_interval_seconds))
 
     def _lease_args(self, lease_id: str, holder: str) -> None:
@@ -791,55 +876,56 @@ class LedgerService(lg.LedgerServicer):
 
     # -------------------------------------------------------------------------------------------- settlement
 
-    @handler
-    async def Submit(self, request: lp.SubmitRequest, context: aio.ServicerContext) -> lp.SubmitResponse:
+    def _submission(self, request: lp.SubmitRequest, at: str = "") -> Submission:
+        """A Submit request checked and flattened for the script; ``at`` prefixes field names (a batch item's).
+        Raises INVALID_ARGUMENT for anything malformed."""
         t = request.trajectory
         if not request.HasField("trajectory"):
-            raise invalid("trajectory is required")
+            raise invalid(f"{at}trajectory is required")
         if not t.lease_id or len(t.lease_id) > 256:
-            raise invalid("trajectory.lease_id is required")
-        _check_id("trajectory.trajectory_id", t.trajectory_id)
-        _check_id("holder", request.holder)
+            raise invalid(f"{at}trajectory.lease_id is required")
+        _check_id(f"{at}trajectory.trajectory_id", t.trajectory_id)
+        _check_id(f"{at}holder", request.holder)
         if t.lease_version < 0:
-            raise invalid(f"trajectory.lease_version must be >= 0, got {t.lease_version}")
+            raise invalid(f"{at}trajectory.lease_version must be >= 0, got {t.lease_version}")
         if (
             t.status not in common_pb2.TrajectoryStatus.values()
             or t.status == common_pb2.TRAJECTORY_STATUS_UNSPECIFIED
         ):
-            raise invalid("trajectory.status is required (OK, CANCELLED, INFRA_FAILURE or TIMEOUT)")
+            raise invalid(f"{at}trajectory.status is required (OK, CANCELLED, INFRA_FAILURE or TIMEOUT)")
         ok = t.status == common_pb2.TRAJECTORY_STATUS_OK
         if ok and not t.turns:
-            raise invalid("trajectory.turns is required")
+            raise invalid(f"{at}trajectory.turns is required")
         versions, problem = codec.turn_versions(t)
         if problem:
-            raise invalid(problem)
+            raise invalid(f"{at}{problem}")
         if ok and not t.version_hashes:
-            raise invalid("trajectory.version_hashes is required (version -> h(v) of every version used)")
+            raise invalid(f"{at}trajectory.version_hashes is required (version -> h(v) of every version used)")
         missing = versions - set(t.version_hashes)
         if missing:
             raise invalid(
-                f"trajectory.version_hashes lacks versions {sorted(missing)[:10]} used by its turns"
+                f"{at}trajectory.version_hashes lacks versions {sorted(missing)[:10]} used by its turns"
             )
         for v, h in t.version_hashes.items():
             if v < 0 or not h or len(h) > 64:
-                raise invalid(f"trajectory.version_hashes[{v}] is malformed")
+                raise invalid(f"{at}trajectory.version_hashes[{v}] is malformed")
         scored, reward = False, 0.0
         if request.HasField("reward"):
             if request.reward.trajectory_id and request.reward.trajectory_id != t.trajectory_id:
-                raise invalid("reward.trajectory_id names another trajectory")
+                raise invalid(f"{at}reward.trajectory_id names another trajectory")
             scored, reward = True, request.reward.reward
         elif t.scored:
             scored, reward = True, t.reward
         if not math.isfinite(reward):
-            raise invalid("reward must be finite")
+            raise invalid(f"{at}reward must be finite")
         work: list[WorkReport] = []
         for i, w in enumerate(request.work):
-            _check_id(f"work[{i}].actor_id", w.actor_id)
+            _check_id(f"{at}work[{i}].actor_id", w.actor_id)
             if w.tokens < 0:
-                raise invalid(f"work[{i}].tokens must be >= 0")
-            generation_s = _check_duration(f"work[{i}].generation_time", w.generation_time)
+                raise invalid(f"{at}work[{i}].tokens must be >= 0")
+            generation_s = _check_duration(f"{at}work[{i}].generation_time", w.generation_time)
             work.append(WorkReport(w.actor_id, w.tokens, int(generation_s * 1000)))
-        verdict = await self.scripts.submit(
+        return Submission(
             lease_id=t.lease_id,
             trajectory_id=t.trajectory_id,
             holder=request.holder,
@@ -854,6 +940,9 @@ class LedgerService(lg.LedgerServicer):
             work=work,
             generated_tokens=sum(len(turn.action_token_ids) for turn in t.turns),
         )
+
+    @staticmethod
+    def _submit_response(verdict: Verdict) -> lp.SubmitResponse:
         resp = lp.SubmitResponse(
             admitted=verdict.admitted,
             reason=verdict.reason,
@@ -870,9 +959,55 @@ class LedgerService(lg.LedgerServicer):
             if verdict.duplicate
             else ("admitted" if verdict.admitted else lp.RejectionReason.Name(verdict.reason))
         ).inc()
+        return resp
+
+    @handler
+    async def Submit(self, request: lp.SubmitRequest, context: aio.ServicerContext) -> lp.SubmitResponse:
+        verdict = await self.scripts.submit(**vars_of(self._submission(request)))
         if not verdict.duplicate:
             self.signal.fire()
-        return resp
+        return self._submit_response(verdict)
+
+    @handler
+    async def SubmitBatch(
+        self, request: lp.SubmitBatchRequest, context: aio.ServicerContext
+    ) -> lp.SubmitBatchResponse:
+        n = len(request.submissions)
+        if not 1 <= n <= MAX_BATCH_ITEMS:
+            raise invalid(f"submissions must hold 1 to {MAX_BATCH_ITEMS} results, got {n}")
+        leases: dict[str, int] = {}
+        trajectories: dict[str, int] = {}
+        for i, sub in enumerate(request.submissions):
+            t = sub.trajectory
+            for seen, key, what in ((leases, t.lease_id, "lease"), (trajectories, t.trajectory_id, "trajectory")):
+                if key and key in seen:
+                    raise invalid(
+                        f"submissions[{i}] names {what} {errors.shorten(key)} as submissions[{seen[key]}] does:"
+                        " one result per lease and trajectory in a batch"
+                    )
+                seen[key] = i
+        # Malformed items are refused alone (as Submit would refuse them); the others are settled.
+        results = [lp.SubmitBatchResult() for _ in range(n)]
+        valid: list[tuple[int, Submission]] = []
+        for i, sub in enumerate(request.submissions):
+            try:
+                valid.append((i, self._submission(sub, f"submissions[{i}].")))
+            except errors.ServiceError as exc:
+                results[i].error.CopyFrom(_item_error(exc))
+        fire = False
+        if valid:
+            verdicts = await self.scripts.submit_many([x for _, x in valid])
+            for (i, _), verdict in zip(valid, verdicts):
+                if isinstance(verdict, LedgerError):
+                    results[i].error.CopyFrom(
+                        _item_error(errors.error_for(verdict.code, f"submissions[{i}]: {verdict.message}"))
+                    )
+                    continue
+                results[i].response.CopyFrom(self._submit_response(verdict))
+                fire = fire or not verdict.duplicate
+        if fire:
+            self.signal.fire()
+        return lp.SubmitBatchResponse(results=results)
 
     @handler
     async def RecordReward(
