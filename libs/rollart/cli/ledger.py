@@ -168,6 +168,13 @@ def render(st: Any) -> str:
         f"({b.ready_samples} samples)  reserved {b.reserved_samples}  evicted {b.evicted_total}  "
         f"oldest version {b.oldest_version}"
     )
+    if st.task_pools:  # multi-task jobs: one pool per task tag
+        trows = [
+            [t.task, f"{t.share:.0%}" if t.share else "-", str(t.pending_slots), str(t.ready_groups),
+             str(t.inflight_samples)]
+            for t in st.task_pools
+        ]  # fmt: skip
+        lines += ["", "TASK POOLS", *_table(["TASK", "SHARE", "PENDING", "READY_GROUPS", "IN_FLIGHT"], trows), ""]
     s = st.settlement
     rejected = ", ".join(
         f"{k.removeprefix('REJECTION_REASON_').lower()} {v}" for k, v in sorted(s.rejected.items())

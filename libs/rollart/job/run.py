@@ -11,6 +11,10 @@
    ``<out>/metrics.jsonl`` (one line per step), ``<out>/reward.png`` and ``<out>/summary.json``, and stops
    every process it started.
 
+A multi-task job file (``tasks:``) runs one loop group per task, each on the envmanager instance the task
+names (``envmanager``, ``envmanager-2``, ...: as many are started as the tasks name), sets each task's
+affinity rule on the LLMProxy, and reports every task's reward (progress line, ``reward.png``, summary).
+
 torch-free: the model is built by a child process (the ``rollart-devtools`` console script).
 """
 
@@ -39,17 +43,31 @@ from rollart.local import cluster as local
 from rollart.local.processes import ProcessError
 from rollart.local.supervisor import Event, Supervisor, base_name
 from rollart.runtime.client import channel
-from rollart.v1 import envmanager_pb2, envmanager_pb2_grpc, ledger_pb2, ledger_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from rollart.v1 import (
+    envmanager_pb2,
+    envmanager_pb2_grpc,
+    ledger_pb2,
+    ledger_pb2_grpc,
+    llmproxy_pb2,
+    llmproxy_pb2_grpc,
+    reward_pb2,
+    reward_pb2_grpc,
+    trainer_pb2,
+    trainer_pb2_grpc,
+)
 
 from .loops import LoopKeeper
-from .metrics import read_records, time_to_score
+from .metrics import read_records, task_rewards, time_to_score
 from .spec import (
     ActorPool,
+    JobTask,
     SpecError,
     apply_overrides,
+    check_affinity_pools,
     cluster_actor_pools,
     environment_spec,
     job_spec,
+    job_tasks,
     load_job_file,
     model_dir_digest,
 )
@@ -100,7 +118,8 @@ def prepare_model(model_section: dict[str, Any], out_root: Path, log: TextIO) ->
     if builder != "tiny":
         raise SpecError(f"model.builder: unknown builder {builder!r} (tiny)")
     recipe = {k: v for k, v in model_section.items() if k != "builder"}
-    name = str(recipe.pop("name", "tiny-" + str(recipe.get("warm_start", "plain"))))
+    default = "mix" if recipe.get("mix") else str(recipe.get("warm_start", "plain"))
+    name = str(recipe.pop("name", "tiny-" + default))
     out = Path(str(recipe.pop("dir", ""))) if recipe.get("dir") else out_root / "models" / name
     devtools = local.find_script("rollart-devtools")
     if devtools is None:
@@ -121,10 +140,14 @@ def prepare_model(model_section: dict[str, Any], out_root: Path, log: TextIO) ->
         if key == "options":
             for k, v in (value or {}).items():
                 argv += ["--option", f"{k}={v}"]
+        elif key == "mix":  # multi-task jobs: one warm start on every task's dialogs
+            if not isinstance(value, list) or not value or not all(isinstance(e, dict) for e in value):
+                raise SpecError("model.mix: expected a list of per-task recipes (task, episodes, p_expert, ...)")
+            argv += ["--mix", json.dumps(value, sort_keys=True)]
         elif key in flags:
             argv += [flags[key], str(value)]
         else:
-            raise SpecError(f"model.{key}: unknown key (known: builder, name, dir, options, {', '.join(flags)})")
+            raise SpecError(f"model.{key}: unknown key (known: builder, name, dir, options, mix, {', '.join(flags)})")
     print(f"model            building {out} (warm start; cached by recipe)", file=log, flush=True)
     t0 = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True)
@@ -141,6 +164,49 @@ def prepare_model(model_section: dict[str, Any], out_root: Path, log: TextIO) ->
     return out
 
 
+def _instance_number(name: str) -> int:
+    """envmanager -> 1, envmanager-3 -> 3 (local cluster instance names)."""
+    head, _, n = name.rpartition("-")
+    return int(n) if head and n.isdigit() else 1
+
+
+def actor_pools(cluster: dict[str, Any], opts: RunOptions) -> set[str]:
+    """The actor pools ``rollart run`` starts: each instance's ``ROLLART_POOL`` (``cluster.env.actor-2``, else
+    ``cluster.env.actor``, else the actor's default ``cpu``), or the pools of a ``cluster.actors`` list."""
+    if isinstance(cluster.get("actors"), list):
+        return {p.pool for p in cluster_actor_pools(cluster)}
+    env = opts.service_env
+    base = str((env.get("actor") or {}).get("ROLLART_POOL", "cpu"))
+    names = ["actor"] + [f"actor-{i}" for i in range(2, opts.actors + 1)]
+    return {str((env.get(n) or {}).get("ROLLART_POOL", base)) for n in names}
+
+
+def _scorer_problem(spec: Any, scorers: list[Any] | None) -> str:
+    """Why the reward service cannot score ``spec`` (a RewardSpec), or "" (no kind: the environment's default)."""
+    from rollart.v1 import common_pb2
+
+    if not spec.kind or scorers is None:
+        return ""
+    kind = common_pb2.ScorerKind.Name(spec.kind).removeprefix("SCORER_KIND_").lower()
+    of_kind = [x for x in scorers if x.kind == spec.kind]
+    if not of_kind:
+        return f"the reward service has no {kind} scorer"
+    named = {x.name for x in of_kind}
+    if spec.scorer and spec.scorer not in named and "" not in named:
+        return f"unknown {kind} scorer {spec.scorer!r} (known: {', '.join(sorted(named))})"
+    if not any(x.available for x in of_kind if x.name in (spec.scorer, "")):
+        return f"the {kind} scorer cannot run on this reward service"
+    return ""
+
+
+def _rule_text(rule: Any) -> str:
+    if getattr(rule, "auto", False):
+        return "auto"
+    where = rule.pool or rule.binding_id or (f"kind {rule.pool_kind}" if rule.pool_kind else "any")
+    tags = f" tags {list(rule.hardware_tags)}" if rule.hardware_tags else ""
+    return where + tags + (" (fallback)" if rule.allow_fallback else "")
+
+
 # ------------------------------------------------------------------------------------------------ progress
 
 
@@ -154,6 +220,7 @@ class Progress:
         self.quiet = quiet
         self.t0 = time.monotonic()
         self.rewards: list[float] = []
+        self.task_rewards: dict[str, list[float]] = {}  # multi-task jobs: each task's batch reward by step
         self.phase = ""
         self.last = ""
 
@@ -174,6 +241,13 @@ class Progress:
             f" | wasted {m.accounting.wasted_token_fraction:4.0%} ({m.accounting_total.wasted_token_fraction:.0%} all)"
             f" | step {m.step_time.ToNanoseconds() / 1e9:5.1f}s | actors {versions or '-'} | {elapsed:4.0f}s"
         )
+        if m.tasks:
+            parts = []
+            for task in sorted(m.tasks):
+                rs = self.task_rewards.setdefault(task, [])
+                rs.append(m.tasks[task].reward_mean)
+                parts.append(f"{task} {rs[-1]:.3f} (avg10 {sum(rs[-10:]) / len(rs[-10:]):.3f})")
+            self.last += " | tasks: " + ", ".join(parts)
         self._show(final=not self.tty)
 
     def note(self, text: str) -> None:
@@ -232,6 +306,12 @@ def plot_rewards(records: list[dict[str, Any]], path: Path, title: str) -> bool:
     ax.fill_between(steps, lo, hi, alpha=0.15, label="± std (within min..max)")
     ax.plot(steps, mean, marker=".", linewidth=1, label="batch mean reward")
     ax.plot(steps, avg, linewidth=2, label="10-step moving average")
+    for task, points in sorted(task_rewards(records).items()):  # multi-task jobs: one curve per task
+        xs = [p[0] for p in points]
+        ys = [p[1] for p in points]
+        ma = [sum(ys[max(0, i - 9) : i + 1]) / len(ys[max(0, i - 9) : i + 1]) for i in range(len(ys))]
+        line = ax.plot(xs, ys, linewidth=0.8, alpha=0.5, marker=".")[0]
+        ax.plot(xs, ma, linewidth=2, color=line.get_color(), label=f"{task} (10-step average)")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.set_title(title)
@@ -253,6 +333,7 @@ class Runner:
         self.data = data
         self.log = log
         self.spec = job_spec(_section(data, "job"))
+        self.tasks: list[JobTask] = job_tasks(data, opts.loops)  # multi-task jobs (empty: one environment)
         self.env_spec = environment_spec(_section(data, "environment"))
         self.state_dir = opts.out_dir / "cluster"
         self.state: dict[str, Any] = {}
@@ -264,7 +345,8 @@ class Runner:
         self.dead: set[str] = set()
         # What the supervisor saw and did (restarts with their causes, loop groups restored): events.jsonl.
         self.events: list[Event] = []
-        self.loops_request: envmanager_pb2.StartLoopsRequest | None = None
+        # (envmanager instance, its loop group): one per task; asked again of a restarted one (LoopKeeper).
+        self.loops_requests: list[tuple[str, envmanager_pb2.StartLoopsRequest]] = []
 
     def say(self, text: str) -> None:
         if hasattr(self, "progress"):
@@ -314,13 +396,18 @@ class Runner:
         pools = [(p.count, p.env) for p in self.opts.actor_pools]
         for name, extra in local.pool_instances("actor", pools).items():  # each actor its pool, kind and CPUs
             overrides.setdefault(name, {}).update(extra)
+        replicas = {"actor": self.opts.actors}
+        if self.tasks:
+            check_affinity_pools(self.tasks, actor_pools(_section(self.data, "cluster"), self.opts))
+            # envmanager, envmanager-2, ...: as many instances as the tasks name
+            replicas["envmanager"] = max(_instance_number(t.envmanager) for t in self.tasks)
         self.say(f"cluster          starting in {self.state_dir} ({self.opts.actors} actors)")
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
             self.state = local.up(
                 self.state_dir,
-                replicas={"actor": self.opts.actors},
+                replicas=replicas,
                 env_overrides=overrides,
                 log=lambda line: self.say("  " + line),
                 ready_timeout=120.0,
@@ -351,6 +438,16 @@ class Runner:
             spec.prompts.environment = self.env_spec.environment
         if not self.env_spec.HasField("sampling") and spec.HasField("sampling"):
             self.env_spec.sampling.CopyFrom(spec.sampling)
+        for t in self.tasks:
+            if not t.environment.HasField("sampling") and spec.HasField("sampling"):
+                t.environment.sampling.CopyFrom(spec.sampling)
+            missing = t.envmanager not in svc
+            if missing:
+                raise ProcessError(f"{t.envmanager} did not start (it serves task {t.name})")
+        if self.tasks:
+            spec.ClearField("prompts")
+            del spec.tasks[:]
+            spec.tasks.extend(t.prompts for t in self.tasks)
 
     # -- the job ---------------------------------------------------------------------------------------
 
@@ -360,26 +457,93 @@ class Runner:
         return ch, trainer_pb2_grpc.TrainerStub(ch)
 
     async def start(self) -> None:
+        if self.tasks:
+            await self.check_tasks()
         ch, stub = self._trainer()
         try:
             job = await stub.StartJob(T.StartJobRequest(spec=self.spec))
             self.say(f"job              {job.spec.job_id}: {T.TrainerJobState.Name(job.state)}")
         finally:
             await ch.close()
-        env_addr = self.state["services"]["envmanager"]["address"]
-        ech = channel(env_addr, token=self.token, default_timeout=30.0)
-        try:
+        if self.tasks:
+            await self._set_affinity()
+            self.loops_requests = [
+                (
+                    t.envmanager,
+                    envmanager_pb2.StartLoopsRequest(
+                        group_id=f"{self.spec.job_id}-t{i}-loops",
+                        env=t.environment,
+                        count=t.loops,
+                        lease_tasks=[t.name],
+                    ),
+                )
+                for i, t in enumerate(self.tasks)
+            ]
+        else:
             req = envmanager_pb2.StartLoopsRequest(
                 group_id=f"{self.spec.job_id}-loops",
                 env=self.env_spec,
                 count=self.opts.loops,
                 lease_tasks=[self.spec.prompts.task],
             )
-            self.loops_request = req  # asked again of a restarted or replaced envmanager (LoopKeeper)
-            group = await envmanager_pb2_grpc.EnvManagerStub(ech).StartLoops(req)
-            self.say(f"envmanager       {group.count} loops of {self.env_spec.environment} (task {self.env_spec.task})")
+            self.loops_requests = [("envmanager", req)]
+        for name, req in self.loops_requests:
+            ech = channel(self.state["services"][name]["address"], token=self.token, default_timeout=30.0)
+            try:
+                group = await envmanager_pb2_grpc.EnvManagerStub(ech).StartLoops(req)
+            finally:
+                await ech.close()
+            self.say(f"{name:<16} {group.count} loops of {req.env.environment} (task {req.env.task})")
+
+    async def check_tasks(self) -> None:
+        """Refuse a multi-task job before it starts when a task names an environment its envmanager does not
+        have (or cannot run here) or a scorer the reward service does not have: SpecError naming the field."""
+        svc = self.state["services"]
+        listed: dict[str, dict[str, envmanager_pb2.EnvironmentInfo]] = {}
+        for name in sorted({t.envmanager for t in self.tasks}):
+            ch = channel(svc[name]["address"], token=self.token, default_timeout=30.0)
+            try:
+                resp = await envmanager_pb2_grpc.EnvManagerStub(ch).ListEnvironments(
+                    envmanager_pb2.ListEnvironmentsRequest(include_unavailable=True)
+                )
+            finally:
+                await ch.close()
+            listed[name] = {e.id: e for e in resp.environments}
+        scorers: list[reward_pb2.ScorerInfo] | None = None
+        if "reward" in svc and any(t.environment.reward.kind for t in self.tasks):
+            ch = channel(svc["reward"]["address"], token=self.token, default_timeout=30.0)
+            try:
+                got = await reward_pb2_grpc.RewardStub(ch).ListScorers(reward_pb2.ListScorersRequest())
+                scorers = list(got.scorers)
+            finally:
+                await ch.close()
+        for i, t in enumerate(self.tasks):
+            env_id = t.environment.environment
+            info = listed[t.envmanager].get(env_id)
+            if info is None:
+                raise SpecError(f"tasks[{i}].environment.environment: unknown environment {env_id!r} at {t.envmanager}")
+            if not info.available:
+                why = info.unavailable_reason or "not available"
+                raise SpecError(f"tasks[{i}].environment.environment: {env_id} cannot run here: {why}")
+            problem = _scorer_problem(t.environment.reward, scorers)
+            if problem:
+                raise SpecError(f"tasks[{i}].reward: {problem}")
+
+    async def _set_affinity(self) -> None:
+        rules = [t.affinity for t in self.tasks if t.affinity is not None]
+        if not rules:
+            return
+        ch = channel(self.state["services"]["llmproxy"]["address"], token=self.token, default_timeout=30.0)
+        try:
+            stub = llmproxy_pb2_grpc.LLMProxyStub(ch)
+            await stub.SetAffinity(llmproxy_pb2.SetAffinityRequest(rules=rules, merge=True))
+        except aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise SpecError(f"tasks[*].affinity: the LLMProxy refused the rules: {exc.details()}") from None
+            raise
         finally:
-            await ech.close()
+            await ch.close()
+        self.say("llmproxy         affinity " + ", ".join(f"{r.task} -> {_rule_text(r)}" for r in rules))
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Follow the job's events until it ends (reconnecting across trainer restarts)."""
@@ -437,13 +601,12 @@ class Runner:
         """Restart every process that dies (redis and the Mooncake master included: the job goes on, the
         trainer resumes, an actor rejoins) and keep the job's loop group on the envmanager."""
         sup = Supervisor(self.state_dir, wanted=self._wanted)
-        keeper = (
-            LoopKeeper(self.state_dir, self.token, self.loops_request, on_event=self._event)
-            if self.loops_request is not None
-            else None
-        )
+        keepers = [
+            LoopKeeper(self.state_dir, self.token, req, name=name, on_event=self._event)
+            for name, req in self.loops_requests
+        ]
         loop = asyncio.get_running_loop()
-        keeping = asyncio.ensure_future(keeper.run(stop)) if keeper is not None else None
+        keeping = [asyncio.ensure_future(k.run(stop)) for k in keepers]
         try:
             while not stop.is_set():
                 await asyncio.sleep(1.0)
@@ -451,20 +614,23 @@ class Runner:
                     break
                 await asyncio.to_thread(sup.check, lambda ev: loop.call_soon_threadsafe(self._event, ev))
         finally:
-            if keeping is not None:
-                keeping.cancel()
+            for task in keeping:
+                task.cancel()
                 with contextlib.suppress(BaseException):
-                    await keeping
+                    await task
 
     async def stop_job(self) -> None:
-        env_addr = self.state.get("services", {}).get("envmanager", {}).get("address")
-        if env_addr:
+        groups: dict[str, list[str]] = {}
+        for name, req in self.loops_requests or [("envmanager", envmanager_pb2.StartLoopsRequest())]:
+            groups.setdefault(name, []).append(req.group_id or f"{self.spec.job_id}-loops")
+        for name, group_ids in groups.items():
+            env_addr = self.state.get("services", {}).get(name, {}).get("address")
+            if not env_addr:
+                continue
             ech = channel(env_addr, token=self.token, default_timeout=15.0)
             with contextlib.suppress(aio.AioRpcError):
                 await envmanager_pb2_grpc.EnvManagerStub(ech).StopLoops(
-                    envmanager_pb2.StopLoopsRequest(
-                        group_ids=[f"{self.spec.job_id}-loops"], mode=envmanager_pb2.LOOP_STOP_MODE_ABORT
-                    ),
+                    envmanager_pb2.StopLoopsRequest(group_ids=group_ids, mode=envmanager_pb2.LOOP_STOP_MODE_ABORT),
                     timeout=15.0,
                 )
             await ech.close()
@@ -613,11 +779,21 @@ class Runner:
         rewards = [float(r.get("reward_mean", 0.0)) for r in records]
         first, last, ratio = improvement(rewards)
         state = T.TrainerJobState.Name(self.job.state).removeprefix("TRAINER_JOB_STATE_") if self.job else "UNKNOWN"
-        title = f"{self.spec.job_id}: {self.env_spec.environment} ({T.StepMode.Name(self.spec.mode or 3)[10:].lower()})"
+        what = " + ".join(t.name for t in self.tasks) if self.tasks else self.env_spec.environment
+        title = f"{self.spec.job_id}: {what} ({T.StepMode.Name(self.spec.mode or 3)[10:].lower()})"
         plotted = bool(records) and plot_rewards(records, out / "reward.png", title)
         timeline = bool(records) and plot_timeline(records, out / "timeline.png", title + ": where the time goes")
         acc = records[-1].get("accounting_total", {}) if records else {}
         target = self.opts.score_target
+        per_task: dict[str, dict[str, Any]] = {}
+        for task, points in task_rewards(records).items():  # multi-task jobs: each task's own curve
+            t_first, t_last, t_ratio = improvement([r for _, r in points])
+            per_task[task] = {
+                "steps": len(points),
+                "reward_first10": t_first,
+                "reward_last10": t_last,
+                "improvement": t_ratio if math.isfinite(t_ratio) else None,
+            }
         summary = {
             "job_id": self.spec.job_id,
             "state": state,
@@ -627,6 +803,7 @@ class Runner:
             "reward_first10": first,
             "reward_last10": last,
             "improvement": ratio if math.isfinite(ratio) else None,
+            "tasks": per_task,
             "actor_versions": records[-1].get("actor_versions", {}) if records else {},
             "policy_version": self.job.policy_version if self.job else None,
             "restarts": self.restarts,
@@ -649,7 +826,8 @@ class Runner:
         (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         print(
             f"\n{state}{' (' + self.stop_reason + ')' if self.stop_reason else ''}: {len(records)} steps; "
-            f"mean reward first 10 steps {first:.3f}, last 10 steps {last:.3f} (x{ratio:.2f})\n"
+            f"mean reward first 10 steps {first:.3f}, last 10 steps {last:.3f} (x{ratio:.2f})"
+            f"{self._task_lines(per_task)}\n"
             f"metrics {out / 'metrics.jsonl'}" + (f", curve {out / 'reward.png'}" if plotted else ""),
             file=self.log,
             flush=True,
@@ -661,7 +839,19 @@ class Runner:
         if self.opts.min_improvement and not ratio >= self.opts.min_improvement:
             print(f"the reward did not improve {self.opts.min_improvement}x", file=self.log)
             return 1
+        if self.opts.min_improvement and self.tasks:  # every task must improve, not only the mix
+            behind = [t.name for t in self.tasks if not _ratio_of(per_task.get(t.name)) >= self.opts.min_improvement]
+            if behind:
+                print(f"the reward of {', '.join(behind)} did not improve {self.opts.min_improvement}x", file=self.log)
+                return 1
         return 0
+
+    def _task_lines(self, per_task: dict[str, dict[str, Any]]) -> str:
+        return "".join(
+            f"\n  {task}: first 10 steps {d['reward_first10']:.3f}, last 10 steps {d['reward_last10']:.3f}"
+            f" (x{_ratio_of(d):.2f})"
+            for task, d in sorted(per_task.items())
+        )
 
     def _process_groups(self) -> dict[str, int]:
         st = local.read_state(self.state_dir) if self.state_dir.exists() else {}
@@ -677,6 +867,15 @@ class Runner:
             print(
                 "cluster          stopped" if ok else "cluster          SOME PROCESSES ARE STILL RUNNING", file=self.log
             )
+
+
+def _ratio_of(d: dict[str, Any] | None) -> float:
+    """A task's improvement from its summary entry (inf when it started at 0 and rose; 0 when it has none)."""
+    if not d:
+        return 0.0
+    if d.get("improvement") is not None:
+        return float(d["improvement"])
+    return math.inf if d.get("reward_last10", 0.0) > 0 else 0.0
 
 
 def run(opts: RunOptions, log: TextIO = sys.stderr) -> int:

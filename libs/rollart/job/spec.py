@@ -6,6 +6,12 @@ A job file (``examples/*.yaml``) has these top-level sections:
   case (``mode: async`` for ``STEP_MODE_ASYNC``, ``admission: bounded``, ``weight_sync: delta``, ``kind: game``),
   durations as ``"300s"`` or a number of seconds, map values as any scalar.
 - ``environment``: the ``rollart.v1.EnvironmentSpec`` the envmanager loops run; ``loops``: how many.
+- ``tasks`` (multi-task jobs, instead of ``environment`` and ``job.prompts``): a list of tasks trained together
+  by one policy, each with its ``name`` (the task tag), ``environment`` (an EnvironmentSpec), ``prompts`` (a
+  PromptSource: seed, dataset, metadata), ``share`` of every batch (default 1: uniform), ``loops``, ``reward``
+  (a RewardSpec), ``envmanager`` (the instance that serves it: ``envmanager``, ``envmanager-2``, ...) and
+  ``affinity`` (``auto`` or an AffinityRule's fields: ``pool``, ``pool_kind``, ``hardware_tags``,
+  ``allow_fallback``). See :func:`job_tasks`.
 - ``model``: how ``rollart run`` prepares the model when ``job.model`` is ``tiny`` (see rollart.job.run).
 - ``cluster`` and ``run``: processes and output of ``rollart run``.
 
@@ -15,6 +21,7 @@ Only ``job`` matters to the trainer; everything here is torch-free (the CLI and 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +35,7 @@ from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescript
 from google.protobuf.message import Message
 
 from rollart.delta.identity import weights_digest  # h(v0): weights no delta produced (re-exported)
-from rollart.v1 import envmanager_pb2, trainer_pb2
+from rollart.v1 import common_pb2, envmanager_pb2, llmproxy_pb2, trainer_pb2
 
 
 class SpecError(ValueError):
@@ -148,12 +155,140 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
         raise SpecError(f"{p}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{p}: the top level must be a mapping")
-    unknown = set(data) - {"job", "environment", "loops", "model", "cluster", "run"}
+    unknown = set(data) - {"job", "environment", "loops", "tasks", "model", "cluster", "run"}
     if unknown:
         raise SpecError(f"{p}: unknown section(s) {sorted(unknown)}")
     if "job" not in data:
         raise SpecError(f"{p}: the job section is required")
     return data
+
+
+TASK_KEYS = ("name", "environment", "prompts", "share", "loops", "reward", "envmanager", "affinity")
+TASK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+ENVMANAGER_RE = re.compile(r"^envmanager(-[2-9]|-[1-9][0-9])?$")
+MAX_TASKS = 64  # the ledger's bound
+
+
+@dataclass
+class JobTask:
+    """One task of a multi-task job file, as ``rollart run`` uses it."""
+
+    name: str  # the task tag: ledger pool, lease filter, affinity, metrics label
+    share: float
+    loops: int
+    envmanager: str  # the envmanager instance whose loop group runs it
+    environment: envmanager_pb2.EnvironmentSpec
+    prompts: trainer_pb2.PromptSource  # task, environment, share and reward filled in
+    affinity: llmproxy_pb2.AffinityRule | None  # task filled in; None: the proxy's default routing
+
+    @property
+    def where(self) -> str:
+        return f"tasks[{self.name}]"
+
+
+def job_tasks(data: Mapping[str, Any], default_loops: int = 16) -> list[JobTask]:
+    """The ``tasks`` section of a job file (empty list for a one-environment job), checked field by field:
+    a bad value is a ``SpecError`` naming ``tasks[i].<field>``. Environments, scorers and pools are checked
+    against the running cluster by ``rollart run`` (see :func:`check_affinity_pools`)."""
+    raw = data.get("tasks")
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not raw:
+        raise SpecError("tasks: expected a non-empty list of tasks")
+    if len(raw) > MAX_TASKS:
+        raise SpecError(f"tasks: at most {MAX_TASKS} tasks, got {len(raw)}")
+    if data.get("environment"):
+        raise SpecError("environment: a multi-task job gives each task its own (tasks[i].environment)")
+    job = data.get("job") or {}
+    if isinstance(job, Mapping) and job.get("prompts"):
+        raise SpecError("job.prompts: a multi-task job gives each task its own (tasks[i].prompts)")
+    out: list[JobTask] = []
+    names: set[str] = set()
+    for i, item in enumerate(raw):
+        where = f"tasks[{i}]"
+        if not isinstance(item, Mapping):
+            raise SpecError(f"{where}: expected a mapping")
+        unknown = sorted(set(item) - set(TASK_KEYS))
+        if unknown:
+            raise SpecError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(TASK_KEYS)})")
+        env_raw = item.get("environment")
+        if isinstance(env_raw, str):
+            env_raw = {"environment": env_raw}
+        if not isinstance(env_raw, Mapping) or not env_raw.get("environment"):
+            raise SpecError(f"{where}.environment: required (an environment id, or a mapping with environment:)")
+        env = to_message(envmanager_pb2.EnvironmentSpec, env_raw, f"{where}.environment")
+        assert isinstance(env, envmanager_pb2.EnvironmentSpec)
+        name = str(item.get("name") or env.task or env.environment)
+        if not TASK_RE.match(name):
+            raise SpecError(f"{where}.name: {name!r} is not a task tag (letters, digits and ._:/@+-, up to 128)")
+        if name in names:
+            raise SpecError(f"{where}.name: task {name!r} is listed twice")
+        names.add(name)
+        if env.task and env.task != name:
+            raise SpecError(f"{where}.environment.task: must be the task's name {name!r} (or left out)")
+        env.task = name
+        share = item.get("share", 1.0)
+        if isinstance(share, bool) or not isinstance(share, int | float) or not math.isfinite(share) or share < 0:
+            raise SpecError(f"{where}.share: expected a finite number >= 0, got {share!r}")
+        loops = item.get("loops", default_loops)
+        if isinstance(loops, bool) or not isinstance(loops, int) or not 1 <= loops <= 4096:
+            raise SpecError(f"{where}.loops: expected an integer in [1, 4096], got {loops!r}")
+        envmanager = str(item.get("envmanager", "envmanager"))
+        if not ENVMANAGER_RE.match(envmanager):
+            raise SpecError(f"{where}.envmanager: expected envmanager or envmanager-N (N in 2..99), got {envmanager!r}")
+        prompts_raw = item.get("prompts") or {}
+        if not isinstance(prompts_raw, Mapping):
+            raise SpecError(f"{where}.prompts: expected a mapping")
+        for key in ("task", "share"):
+            if key in prompts_raw:
+                raise SpecError(f"{where}.prompts.{key}: set by the task ({'name' if key == 'task' else key})")
+        prompts = to_message(trainer_pb2.PromptSource, prompts_raw, f"{where}.prompts")
+        assert isinstance(prompts, trainer_pb2.PromptSource)
+        prompts.task, prompts.share = name, float(share)
+        prompts.environment = prompts.environment or env.environment
+        if item.get("reward") is not None:
+            reward = to_message(common_pb2.RewardSpec, item["reward"], f"{where}.reward")
+            assert isinstance(reward, common_pb2.RewardSpec)
+            if env.HasField("reward"):
+                raise SpecError(f"{where}.environment.reward: give the task's scorer once, as {where}.reward")
+            env.reward.CopyFrom(reward)
+        if env.HasField("reward"):
+            prompts.reward.CopyFrom(env.reward)
+        out.append(
+            JobTask(name, float(share), loops, envmanager, env, prompts, _affinity(item.get("affinity"), name, where))
+        )
+    if not sum(t.share for t in out) > 0:
+        raise SpecError("tasks[*].share: the shares must sum to a positive number")
+    return out
+
+
+def _affinity(raw: Any, task: str, where: str) -> llmproxy_pb2.AffinityRule | None:
+    if raw is None:
+        return None
+    if raw == "auto":
+        return llmproxy_pb2.AffinityRule(task=task, auto=True)
+    if not isinstance(raw, Mapping):
+        raise SpecError(
+            f"{where}.affinity: expected auto or a mapping (pool, pool_kind, hardware_tags, allow_fallback)"
+        )
+    if "task" in raw or "from_binding" in raw:
+        raise SpecError(f"{where}.affinity: task and from_binding are set by the task, not the job file")
+    rule = to_message(llmproxy_pb2.AffinityRule, raw, f"{where}.affinity")
+    assert isinstance(rule, llmproxy_pb2.AffinityRule)
+    rule.task = task
+    return rule
+
+
+def check_affinity_pools(tasks: Sequence[JobTask], pools: set[str]) -> None:
+    """A task whose affinity names a pool that no actor of the cluster serves, without fallback, could never
+    be generated for: ``SpecError`` naming ``tasks[i].affinity.pool``."""
+    for i, t in enumerate(tasks):
+        rule = t.affinity
+        if rule is not None and rule.pool and rule.pool not in pools and not rule.allow_fallback:
+            raise SpecError(
+                f"tasks[{i}].affinity.pool: no actor pool {rule.pool!r} in this cluster "
+                f"(pools: {', '.join(sorted(pools)) or 'none'}) and no allow_fallback"
+            )
 
 
 # ``cluster.actors``: an int (that many actors in the actor's default pool) or a list of actor pools.

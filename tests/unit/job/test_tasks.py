@@ -1,0 +1,156 @@
+"""Multi-task job files (issue 12): the ``tasks`` section, bad input refused with the field named, the pools an
+affinity may name, per-task figures in the progress line, the summary and the reward curve."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rollart.job.metrics import task_rewards, to_record
+from rollart.job.run import Progress, RunOptions, _scorer_problem, actor_pools, plot_rewards
+from rollart.job.spec import SpecError, check_affinity_pools, cluster_actor_pools, job_tasks, load_job_file
+from rollart.v1 import common_pb2, reward_pb2, trainer_pb2
+
+REPO = Path(__file__).resolve().parents[3]
+ARITH = "reasoning_gym:basic_arithmetic"
+
+
+def two_tasks(**extra) -> dict:
+    data = {
+        "job": {"job_id": "mt"},
+        "tasks": [
+            {"name": "frozenlake", "environment": {"environment": "gymnasium:FrozenLake-v1", "max_turns": 8},
+             "loops": 8, "affinity": {"pool": "prefill", "allow_fallback": True}},
+            {"name": "arith", "environment": ARITH, "share": 1, "reward": {"kind": "reasoning_gym",
+             "scorer": "basic_arithmetic"}, "prompts": {"seed": 1000}, "envmanager": "envmanager-2",
+             "affinity": "auto"},
+        ],
+    }  # fmt: skip
+    data.update(extra)
+    return data
+
+
+def test_tasks_become_env_specs_prompt_sources_and_rules():
+    a, b = job_tasks(two_tasks(), default_loops=16)
+    assert (a.name, a.share, a.loops, a.envmanager) == ("frozenlake", 1.0, 8, "envmanager")
+    assert a.environment.task == "frozenlake" and a.environment.max_turns == 8
+    assert a.prompts.task == "frozenlake" and a.prompts.environment == "gymnasium:FrozenLake-v1"
+    assert a.affinity.task == "frozenlake" and a.affinity.pool == "prefill" and a.affinity.allow_fallback
+    assert (b.loops, b.envmanager, b.prompts.seed, b.prompts.share) == (16, "envmanager-2", 1000, 1.0)
+    assert b.environment.reward.kind == common_pb2.SCORER_KIND_REASONING_GYM
+    assert b.prompts.reward == b.environment.reward and b.affinity.auto
+    assert job_tasks({"job": {}}) == []  # one-environment job files are unchanged
+
+
+def test_the_example_parses():
+    data = load_job_file(REPO / "examples" / "multitask.yaml")
+    tasks = job_tasks(data)
+    assert len(tasks) == 2 and {t.name for t in tasks} == {"frozenlake", "arith"}
+    pools = actor_pools(data["cluster"], RunOptions(Path("x"), Path("y")))
+    check_affinity_pools(tasks, pools)
+    assert pools == {"prefill", "decode"}
+    assert {p.kind for p in cluster_actor_pools(data["cluster"])} == {"gpu-compute", "gpu-bandwidth"}
+
+
+def bad(path: str, value) -> dict:
+    data = two_tasks()
+    node = data
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node[int(k)] if isinstance(node, list) else node[k]
+    if value is KeyError:
+        del node[keys[-1]]
+    elif isinstance(node, list):
+        node[int(keys[-1])] = value
+    else:
+        node[keys[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    "data,field",
+    [
+        (bad("tasks.0.share", 0) | {"tasks": [dict(t, share=0) for t in two_tasks()["tasks"]]}, "tasks[*].share"),
+        (bad("tasks.0.share", -1), "tasks[0].share"),
+        (bad("tasks.0.share", "lots"), "tasks[0].share"),
+        (bad("tasks.0.share", float("inf")), "tasks[0].share"),
+        (bad("tasks.1.name", "frozenlake"), "tasks[1].name"),
+        (bad("tasks.1.name", "two words"), "tasks[1].name"),
+        (bad("tasks.1.name", "x" * 300), "tasks[1].name"),
+        (bad("tasks.0.environment", KeyError), "tasks[0].environment"),
+        (bad("tasks.0.environment", {"max_turns": 3}), "tasks[0].environment"),
+        (bad("tasks.0.environment", {"environment": "e", "bogus": 1}), "tasks[0].environment.bogus"),
+        (bad("tasks.0.environment", {"environment": "e", "task": "other"}), "tasks[0].environment.task"),
+        (bad("tasks.0.loops", 0), "tasks[0].loops"),
+        (bad("tasks.0.loops", 10**9), "tasks[0].loops"),
+        (bad("tasks.0.envmanager", "redis"), "tasks[0].envmanager"),
+        (bad("tasks.0.affinity", "sometimes"), "tasks[0].affinity"),
+        (bad("tasks.0.affinity", {"pool": "p", "task": "x"}), "tasks[0].affinity"),
+        (bad("tasks.0.affinity", {"pool_kind": "quantum"}), "tasks[0].affinity.pool_kind"),
+        (bad("tasks.1.reward", {"kind": "astrology"}), "tasks[1].reward.kind"),
+        (bad("tasks.1.prompts", {"task": "x"}), "tasks[1].prompts.task"),
+        (bad("tasks.1.prompts", {"seed": "many"}), "tasks[1].prompts"),
+        (bad("tasks.0.colour", "blue"), "tasks[0].colour"),
+        (bad("tasks.0", "frozenlake"), "tasks[0]"),
+        (two_tasks(tasks=[]), "tasks"),
+        (two_tasks(tasks=[{"environment": f"e{i}"} for i in range(65)]), "tasks"),
+        (two_tasks(environment={"environment": "x"}), "environment"),
+        (two_tasks(job={"job_id": "mt", "prompts": {"task": "x"}}), "job.prompts"),
+    ],
+)
+def test_bad_tasks_are_refused_with_the_field_named(data, field):
+    with pytest.raises(SpecError) as exc:
+        job_tasks(copy.deepcopy(data))
+    assert str(exc.value).startswith(field), str(exc.value)
+
+
+def test_an_affinity_naming_no_pool_is_refused_unless_it_falls_back():
+    tasks = job_tasks(bad("tasks.0.affinity", {"pool": "gpu-h20"}))
+    with pytest.raises(SpecError, match=r"^tasks\[0\]\.affinity\.pool: no actor pool 'gpu-h20'"):
+        check_affinity_pools(tasks, {"cpu"})
+    check_affinity_pools(job_tasks(bad("tasks.0.affinity", {"pool": "gpu-h20", "allow_fallback": True})), {"cpu"})
+    check_affinity_pools(tasks, {"gpu-h20"})
+
+
+def test_actor_pools_per_instance_or_from_a_pool_list():
+    opts = RunOptions(Path("x"), Path("y"), actors=3, service_env={"actor-2": {"ROLLART_POOL": "decode"}})
+    assert actor_pools({}, opts) == {"cpu", "decode"}
+    opts.service_env["actor"] = {"ROLLART_POOL": "prefill"}
+    assert actor_pools({}, opts) == {"prefill", "decode"}
+    assert actor_pools({"actors": [{"pool": "h800", "count": 1}, {"pool": "h20", "count": 2}]}, opts) == {"h800", "h20"}
+
+
+def test_scorer_checks():
+    rg = common_pb2.SCORER_KIND_REASONING_GYM
+    listed = [reward_pb2.ScorerInfo(kind=rg, name="", available=True),
+              reward_pb2.ScorerInfo(kind=common_pb2.SCORER_KIND_CUSTOM, name="mine", available=True)]  # fmt: skip
+    assert _scorer_problem(common_pb2.RewardSpec(kind=rg, scorer="basic_arithmetic"), listed) == ""
+    assert _scorer_problem(common_pb2.RewardSpec(), listed) == ""
+    assert "no math scorer" in _scorer_problem(common_pb2.RewardSpec(kind=common_pb2.SCORER_KIND_MATH), listed)
+    spec = common_pb2.RewardSpec(kind=common_pb2.SCORER_KIND_CUSTOM, scorer="theirs")
+    assert "unknown custom scorer 'theirs'" in _scorer_problem(spec, listed)
+
+
+def step(n: int, rewards: dict[str, float]) -> trainer_pb2.StepMetrics:
+    m = trainer_pb2.StepMetrics(step=n, reward_mean=sum(rewards.values()) / len(rewards))
+    for task, r in rewards.items():
+        m.tasks[task].CopyFrom(trainer_pb2.TaskStepMetrics(samples=8, reward_mean=r, batch_share=0.5))
+    return m
+
+
+def test_progress_summary_and_curve_per_task(tmp_path, capsys):
+    import io
+
+    out = io.StringIO()
+    p = Progress(3, out)
+    for n in (1, 2):
+        p.step(step(n, {"a": 0.1 * n, "b": 0.5}))
+    assert "tasks: a 0.200 (avg10 0.150), b 0.500 (avg10 0.500)" in out.getvalue().splitlines()[-1]
+    records = [to_record(step(n, {"a": 0.1 * n, "b": 0.5})) for n in range(1, 13)]
+    series = task_rewards(records)
+    assert set(series) == {"a", "b"} and series["a"][0] == (1, pytest.approx(0.1)) and len(series["b"]) == 12
+    assert plot_rewards(records, tmp_path / "reward.png", "t") and (tmp_path / "reward.png").stat().st_size > 0
+    assert yaml  # the job files are YAML
