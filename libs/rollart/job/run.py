@@ -671,6 +671,19 @@ class Runner:
             "settled_distinct_trajectories": len(set(trajectories)),
         }
 
+    async def _quiet_census(self, stub: ledger_pb2_grpc.LedgerStub, st: ledger_pb2.LedgerStatus) -> dict[str, Any]:
+        """The lease counters and a census taken while they stood still (a few tries; the last one otherwise)."""
+        census: dict[str, Any] = {}
+        for _ in range(10):
+            census = await self._lease_census(stub)
+            after = await stub.GetStatus(ledger_pb2.LedgerStatusRequest(versions_limit=1))
+            if after.leases == st.leases:
+                break
+            st = after
+            await asyncio.sleep(0.5)
+        counts = MessageToDict(st.leases, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        return {"lease_counts": counts, **census}
+
     async def _final_state(self) -> None:
         """What the services say at the end (summary.json "final"): the actors' versions and hashes next to the
         ledger's and the trainer's, settlement counters, the envmanager's counters."""
@@ -691,11 +704,10 @@ class Runner:
                     "buffer_reserved": st.buffer.reserved_samples,
                     "accounting": MessageToDict(st.accounting, preserving_proto_field_name=True),
                     "duplicates": st.settlement.duplicates,
-                    # The ledger's lease counters next to its leases listed one by one (fault checks).
-                    "lease_counts": MessageToDict(
-                        st.leases, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-                    ),
-                    **await self._lease_census(stub),
+                    # The ledger's lease counters next to its leases listed one by one (fault checks), from one
+                    # quiet moment: leases still move (aborted loops release theirs after StopLoops answered), so
+                    # the census counts only when the counters did not change while it listed.
+                    **await self._quiet_census(stub, st),
                 }
                 final["actors"] = {
                     a.actor_id: {
