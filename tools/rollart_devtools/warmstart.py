@@ -10,6 +10,12 @@ imitating policy reaches the goal only sometimes (about 9% of episodes at p = 0.
 the default 4x4 map, against 11.5% for the expert it imitates); RL then has to learn, state by state, which
 moves to prefer.
 
+Multi-task jobs warm-start one model on a mix of tasks (``--mix``, a JSON list of per-task recipes): the
+tokenizer is trained on, and the imitation samples from, every task's dialogs. Besides FrozenLake a task may be
+a reasoning-gym generator (``reasoning_gym:<dataset>``, single turn, framed as the envmanager's
+``reasoning_gym:`` environments frame it), answered by a noisy expert: the right answer inside
+``<answer></answer>`` with probability ``p_expert``, else a wrong one of the same kind.
+
 The output is a normal checkpoint directory (what ``rollart-devtools tiny-model`` writes) plus
 ``warmstart.json`` with the recipe; building with the same recipe again is skipped (``--force`` rebuilds).
 torch and transformers are imported only when a model is built: a cached build answers in a moment.
@@ -146,6 +152,93 @@ def frozenlake_dialogs(
     return docs, wins / max(episodes, 1)
 
 
+# The envmanager's reasoning-gym environments (``reasoning_gym:<dataset>``), word for word (checked by
+# tests/unit/devtools/test_warmstart.py against rollart_envmanager.envs.reasoning_gym_env).
+RG_PREFIX = "reasoning_gym:"
+RG_SYSTEM_PROMPT = (
+    "You are a careful problem solver. Think step by step, then give only the final answer inside "
+    "<answer></answer> tags."
+)
+RG_INSTRUCTION = "Give your final answer inside <answer></answer> tags."
+
+
+def rg_question(dataset: str, index: int, options: dict[str, str], _whole: Any = None) -> tuple[str, str]:
+    """(first user message, right answer) of entry ``index``, as the envmanager's environment shows it (from a
+    dataset of ``index + 1`` entries; ``_whole``, a larger dataset of the same generator, when its entries are
+    the same)."""
+    import reasoning_gym
+
+    config = json.loads(options.get("config", "{}"))
+    seed = int(options.get("seed", 0))
+    ds = _whole if _whole is not None else reasoning_gym.create_dataset(dataset, seed=seed, size=index + 1, **config)
+    entry = ds[index]
+    return f"{entry['question']}\n\n{RG_INSTRUCTION}", str(entry["answer"])
+
+
+def _rg_whole(dataset: str, size: int, options: dict[str, str]) -> Any:
+    """One dataset of ``size`` entries when its entries match the envmanager's per-index construction (checked
+    on a few indices), else None (then every entry is built as the envmanager builds it: slower)."""
+    import reasoning_gym
+
+    config = json.loads(options.get("config", "{}"))
+    whole = reasoning_gym.create_dataset(dataset, seed=int(options.get("seed", 0)), size=size, **config)
+    probes = sorted({0, size // 2, size - 1})
+    same = all(rg_question(dataset, i, options) == rg_question(dataset, i, options, whole) for i in probes)
+    return whole if same else None
+
+
+def _wrong_answer(right: str, rng: random.Random) -> str:
+    """A plausible wrong answer: another integer near an integer answer, else the answer's letters shuffled."""
+    try:
+        value = int(right)
+    except ValueError:
+        letters = list(right)
+        rng.shuffle(letters)
+        wrong = "".join(letters)
+        return wrong if wrong != right else right[::-1] + "x"
+    return str(value + rng.choice([d for d in range(-9, 10) if d]))
+
+
+def rg_dialogs(
+    dataset: str, episodes: int, *, p_expert: float, options: dict[str, str], seed: int, size: int = 10_000
+) -> tuple[list[list[dict[str, str]]], float]:
+    """Single-turn dialogs of a noisy expert on a reasoning-gym generator, and its success rate. Entries are
+    drawn as the job's prompts draw them (``index = seed mod size``)."""
+    rng = random.Random(seed)
+    docs, right_n = [], 0
+    indices = [(seed + ep) % size for ep in range(episodes)]
+    whole = _rg_whole(dataset, max(indices) + 1, options)
+    for index in indices:
+        question, answer = rg_question(dataset, index, options, whole)
+        right = rng.random() < p_expert
+        right_n += right
+        said = answer if right else _wrong_answer(answer, rng)
+        docs.append(
+            [
+                {"role": "system", "content": RG_SYSTEM_PROMPT},
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": f"<answer>{said}</answer>"},
+            ]
+        )
+    return docs, right_n / max(episodes, 1)
+
+
+def task_dialogs(entry: dict[str, Any], seed: int) -> tuple[list[list[dict[str, str]]], float]:
+    """The dialogs of one task of a warm-start recipe (``task``, ``episodes``, ``p_expert``, ``max_turns``,
+    ``options``)."""
+    task = str(entry.get("task", "frozenlake"))
+    episodes = int(entry.get("episodes", 3000))
+    p = float(entry.get("p_expert", 0.35))
+    options = {str(k): str(v) for k, v in (entry.get("options") or {}).items()}
+    if task == "frozenlake":
+        return frozenlake_dialogs(
+            episodes, p_expert=p, max_turns=int(entry.get("max_turns", 8)), options=options, seed=seed
+        )
+    if task.startswith(RG_PREFIX):
+        return rg_dialogs(task[len(RG_PREFIX) :], episodes, p_expert=p, options=options, seed=seed)
+    raise ValueError(f"unknown warm-start task {task!r} (frozenlake, reasoning_gym:<dataset>)")
+
+
 def _encode(tokenizer: Any, msgs: list[dict[str, str]]) -> tuple[list[int], list[bool]]:
     """Token ids of a dialog as the chat template renders it, and which tokens the assistant wrote (its
     content and the end-of-turn token that stops it): the envmanager's token history of an episode."""
@@ -231,11 +324,13 @@ def build(
     pretrain_steps: int = 200,
     seed: int = 0,
     force: bool = False,
+    mix: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Build the warm-started model into ``out`` (skipped when the same recipe is there already)."""
-    if task != "frozenlake":
-        raise ValueError(f"unknown warm-start task {task!r} (frozenlake)")
-    recipe = {
+    """Build the warm-started model into ``out`` (skipped when the same recipe is there already). ``mix``: one
+    recipe per task (multi-task jobs; ``task``, ``episodes`` and ``p_expert`` of the arguments are then unused)."""
+    if not mix and task != "frozenlake":
+        raise ValueError(f"unknown warm-start task {task!r} (frozenlake; reasoning-gym tasks go in a mix)")
+    recipe: dict[str, Any] = {
         "task": task,
         "episodes": episodes,
         "p_expert": p_expert,
@@ -248,6 +343,9 @@ def build(
         "seed": seed,
         "format": 2,
     }
+    if mix:
+        recipe = {k: v for k, v in recipe.items() if k not in ("task", "episodes", "p_expert", "max_turns", "options")}
+        recipe["mix"] = [dict(sorted(e.items())) for e in mix]
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
     marker = out / "warmstart.json"
     if not force and marker.is_file() and (out / "config.json").is_file():
@@ -255,9 +353,19 @@ def build(
         if with_recipe.get("recipe_sha256") == digest:
             return with_recipe | {"cached": True}
     t0 = time.perf_counter()
-    dialogs, success = frozenlake_dialogs(
-        episodes, p_expert=p_expert, max_turns=max_turns, options=options or {}, seed=seed
-    )
+    per_task: dict[str, float] = {}
+    if mix:
+        dialogs = []
+        for entry in mix:
+            docs, rate = task_dialogs(entry, seed)
+            dialogs += docs
+            per_task[str(entry.get("task"))] = round(rate, 4)
+        random.Random(seed).shuffle(dialogs)
+        success = sum(per_task.values()) / len(per_task)
+    else:
+        dialogs, success = frozenlake_dialogs(
+            episodes, p_expert=p_expert, max_turns=max_turns, options=options or {}, seed=seed
+        )
     # The tokenizer is trained on the task's own text (short sequences); the weights start from the seed.
     summary = build_tiny_model(
         out,
@@ -275,6 +383,7 @@ def build(
         "recipe": recipe,
         "recipe_sha256": digest,
         "expert_success_rate": round(success, 4),
+        **({"expert_success_by_task": per_task} if per_task else {}),
         "first_loss": losses[0] if losses else None,
         "final_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else None,
         "parameters": summary.get("parameters"),
@@ -299,6 +408,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pretrain-steps", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true")
+    p.add_argument(
+        "--mix",
+        help="JSON list of per-task recipes (task, episodes, p_expert, max_turns, options): one model for several "
+        "tasks, e.g. '[{\"task\": \"frozenlake\"}, {\"task\": \"reasoning_gym:basic_arithmetic\"}]'",
+    )
     p.set_defaults(func=run)
 
 
@@ -317,6 +431,7 @@ def run(a: argparse.Namespace) -> int:
         pretrain_steps=a.pretrain_steps,
         seed=a.seed,
         force=a.force,
+        mix=json.loads(a.mix) if a.mix else None,
     )
     print(json.dumps(doc, indent=2, sort_keys=True))
     return 0

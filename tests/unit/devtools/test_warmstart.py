@@ -8,6 +8,7 @@ observations it later sees. Both are played side by side here, move for move.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +65,47 @@ def test_dialogs_are_deterministic_and_framed_as_the_envmanager_frames_turns() -
     expert, rate = frozenlake_dialogs(20, p_expert=1.0, max_turns=8, options={}, seed=0)
     assert rate == 1.0
     assert all(d[-1]["role"] == "assistant" for d in expert)  # the expert always ends the episode at G
+
+
+# ---------------------------------------------------------------------------------------- multi-task mix
+
+ARITH = {
+    "config": '{"allow_negation": false, "allow_parentheses": false, "max_digits": 1, "max_terms": 2, '
+    '"min_digits": 1, "min_terms": 2, "operators": ["+"]}'
+}
+
+
+def test_reasoning_gym_text_is_the_envmanagers_word_for_word() -> None:
+    from rollart_devtools import warmstart as ws
+    from rollart_envmanager.envs import reasoning_gym_env as rge
+
+    assert (ws.RG_SYSTEM_PROMPT, ws.RG_INSTRUCTION) == (rge.SYSTEM_PROMPT, rge.INSTRUCTION)
+    env = rge.ReasoningGymEnv("basic_arithmetic", **ARITH)
+    whole = ws._rg_whole("basic_arithmetic", 40, ARITH)
+    assert whole is not None  # this generator's entries do not depend on the dataset size
+    for seed in (0, 7, 39):
+        question, answer = ws.rg_question("basic_arithmetic", seed, ARITH, whole)
+        assert env.reset(seed=seed) == question and env.metadata["answer"] == answer
+
+
+def test_mixed_dialogs_answer_in_tags_with_the_experts_rate() -> None:
+    from rollart_devtools import warmstart as ws
+
+    docs, rate = ws.task_dialogs(
+        {"task": "reasoning_gym:basic_arithmetic", "episodes": 200, "p_expert": 0.3, "options": ARITH}, seed=0
+    )
+    assert docs == ws.task_dialogs(
+        {"task": "reasoning_gym:basic_arithmetic", "episodes": 200, "p_expert": 0.3, "options": ARITH}, seed=0
+    )[0]
+    assert 0.2 < rate < 0.4 and all([m["role"] for m in d] == ["system", "user", "assistant"] for d in docs)
+    right = 0
+    for d in docs:
+        said = d[2]["content"]
+        assert said.startswith("<answer>") and said.endswith("</answer>")
+        a, b = (int(x) for x in d[1]["content"].split("Calculate ")[1].split(".")[0].split(" + "))
+        right += said == f"<answer>{a + b}</answer>"
+    assert right / len(docs) == rate  # a wrong answer is never the right one by chance
+    with pytest.raises(ValueError, match="unknown warm-start task"):
+        ws.task_dialogs({"task": "chess"}, seed=0)
+    with pytest.raises(ValueError, match="reasoning-gym tasks go in a mix"):
+        ws.build(Path("/nonexistent"), task="reasoning_gym:basic_arithmetic")
