@@ -358,6 +358,8 @@ class Runner:
 
     def setup(self) -> None:
         out = self.opts.out_dir
+        if self.tasks:  # before anything is built or started
+            check_affinity_pools(self.tasks, actor_pools(_section(self.data, "cluster"), self.opts))
         if self.opts.fresh:
             for p in (
                 self.state_dir,
@@ -398,7 +400,6 @@ class Runner:
             overrides.setdefault(name, {}).update(extra)
         replicas = {"actor": self.opts.actors}
         if self.tasks:
-            check_affinity_pools(self.tasks, actor_pools(_section(self.data, "cluster"), self.opts))
             # envmanager, envmanager-2, ...: as many instances as the tasks name
             replicas["envmanager"] = max(_instance_number(t.envmanager) for t in self.tasks)
         self.say(f"cluster          starting in {self.state_dir} ({self.opts.actors} actors)")
