@@ -1,4 +1,4 @@
-"""``backend: megatron``: the shared GRPO step on a Megatron-core ``GPTModel`` with tensor parallelism.
+"""``backend: megatron``: the shared GRPO step on a Megatron-core ``GPTModel`` with tensor and pipeline parallelism.
 
 The model is built from the checkpoint's ``config.json`` (:mod:`.model`) and loaded through the converter
 (:mod:`.convert`); everything the rest of the trainer sees is in Hugging Face names and full tensors:
@@ -6,23 +6,33 @@ The model is built from the checkpoint's ``config.json`` (:mod:`.model`) and loa
 - ``train_step``, ``prepare``, ``accumulate``, ``action_logprobs`` are :class:`TorchBackend`'s (the same
   advantages, packing, loss and AdamW with weight decay on matrices only) running on
   :class:`.model.MegatronTokenLogprobs`;
-- ``export`` (bf16 bit patterns), ``model_state`` and ``optimizer_state`` gather the tensor-parallel shards and
-  convert them to HF names on rank 0 (the writer), so the publisher emits deltas in the inference engine's
-  naming exactly as for the torch backend, and checkpoints (:mod:`rollart_trainer.checkpoint`: atomic, resume
-  after SIGKILL) hold the same names whatever the layout: a Megatron checkpoint resumes under any tensor
-  parallel size, and its optimizer moments are keyed by HF name;
-- gradient clipping measures the global norm over the sharded parameters once each (norms are replicated on
-  every tensor-parallel rank and counted once), as ``clip_grad_norm_`` does on the whole model.
+- with pipeline parallelism (``pipeline_parallel_size > 1``) ``accumulate`` and ``action_logprobs`` run the
+  same micro-batches through megatron-core's non-interleaved 1F1B schedule
+  (``forward_backward_pipelining_without_interleaving``; p2p between stages, gloo on CPU): every stage runs
+  its layers, the last computes the logprobs and the GRPO loss (a KL reference is one forward-only pass of
+  the reference pipeline first), and the step's statistics are summed from the last stage to all. Tied
+  embeddings over several stages are two parameters whose gradients are summed every step (so they stay
+  equal);
+- ``export`` (bf16 bit patterns), ``model_state`` and ``optimizer_state`` gather the tensor-parallel shards
+  within each stage, convert them to HF names on the stage's first tensor-parallel rank and send them to rank 0
+  (the writer), so the publisher emits deltas in the inference engine's naming exactly as for the torch
+  backend, and checkpoints (:mod:`rollart_trainer.checkpoint`: atomic, resume after SIGKILL) hold the same
+  names whatever the layout: a Megatron checkpoint resumes under any tensor and pipeline parallel sizes, and
+  its optimizer moments are keyed by HF name;
+- gradient clipping measures the global norm over the parameters once each (tensor-parallel shards summed,
+  replicated norms counted once per stage, stages summed, the tied copy left out), as ``clip_grad_norm_``
+  does on the whole model.
 
-World layout: every rank of the default group is one tensor-parallel rank (the world size is the tensor
-parallel size; no data parallelism). Every rank is given the whole batch (``share_batch``). Pipeline
-parallelism (``pipeline_parallel_size > 1``) is not implemented: the validator refuses it at StartJob.
+World layout: the default group's ranks are ``pipeline_parallel_size`` stages of ``tensor_parallel_size``
+ranks (global rank = stage x tp + tensor-parallel rank; no data parallelism). Every rank is given the whole
+batch (``share_batch``) and plans the same micro-batches.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,7 +43,18 @@ import torch.distributed as dist
 from torch import nn
 
 from ..fsdp import init_distributed
-from ..grpo import GrpoSettings, TorchBackend, TrainBatch
+from ..grpo import (
+    GrpoSettings,
+    MicroBatch,
+    PreparedBatch,
+    Sample,
+    TorchBackend,
+    TrainBatch,
+    flatten_sample,
+    grpo_token_loss,
+    k3_kl,
+    plan_micro_batches,
+)
 from . import convert
 from .convert import Qwen3Layout
 
@@ -68,7 +89,7 @@ def read_hf_tensors(model_path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def init_model_parallel(tp: int, pp: int = 1, device: str | None = None) -> torch.device:
-    """The default process group (torchrun's, else a world of one) split into ``tp`` tensor-parallel ranks."""
+    """The default process group (torchrun's, else a world of one) split into ``pp`` stages of ``tp`` ranks."""
     from megatron.core import parallel_state
 
     from . import cpu_patches
@@ -97,7 +118,7 @@ def init_model_parallel(tp: int, pp: int = 1, device: str | None = None) -> torc
 
 
 class MegatronBackend(TorchBackend):
-    """GRPO on Megatron-core (fp32 master weights; tensor parallel over the default group's ranks)."""
+    """GRPO on Megatron-core (fp32 master weights; tensor and pipeline parallel over the default group's ranks)."""
 
     def __init__(
         self,
@@ -113,11 +134,9 @@ class MegatronBackend(TorchBackend):
 
         from .model import MegatronTokenLogprobs, build_gpt_model
 
-        if pipeline_parallel_size != 1:
-            raise ValueError("pipeline_parallel_size > 1 is not implemented by the Megatron backend")
         problems = layout.parallel_errors(tensor_parallel_size, pipeline_parallel_size)
         if problems:
-            raise ValueError(problems[0][1])
+            raise ValueError(": ".join(problems[0]))
         self.device = init_model_parallel(
             tensor_parallel_size, pipeline_parallel_size, None if device is None else str(device)
         )
@@ -125,9 +144,16 @@ class MegatronBackend(TorchBackend):
         self.tp = tensor_parallel_size
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.pp = pipeline_parallel_size
+        self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        self.pp_group = parallel_state.get_pipeline_model_parallel_group()
+        self.is_last_stage = self.pp_rank == self.pp - 1
         self.rank = dist.get_rank()
         self.settings = settings or GrpoSettings()
-        self._rules = convert.rules(layout)
+        self._rules = convert.rules(layout, self.pp, self.pp_rank)
+        # First and last stage of this rank's pipeline (global ranks), for tied gradients and results.
+        self._first_rank = dist.get_global_rank(self.pp_group, 0) if self.pp > 1 else self.rank
+        self._last_rank = dist.get_global_rank(self.pp_group, self.pp - 1) if self.pp > 1 else self.rank
 
         def load(trainable: bool) -> nn.Module:
             gpt = build_gpt_model(layout).to(self.device)
@@ -173,7 +199,7 @@ class MegatronBackend(TorchBackend):
     # ------------------------------------------------------------------------------------------ set-up
 
     def _load_into(self, gpt: nn.Module, hf: Mapping[str, torch.Tensor]) -> None:
-        shards = convert.hf_to_megatron(self.layout, hf, self.tp, self.tp_rank)
+        shards = self._scatter_megatron(hf)
         params = dict(gpt.named_parameters())
         if set(params) != set(shards):
             raise convert.UnsupportedModel(
@@ -202,49 +228,217 @@ class MegatronBackend(TorchBackend):
 
     def _clip_grad_norm(self) -> torch.Tensor:
         """The global gradient norm of the full model (clipped like ``torch.nn.utils.clip_grad_norm_``)."""
-        sharded = torch.zeros((), dtype=torch.float32)
-        replicated = torch.zeros((), dtype=torch.float32)
+        # Device tensors: NCCL reduces only CUDA tensors (on CPU the device is the CPU).
+        sharded = torch.zeros((), dtype=torch.float32, device=self.device)
+        replicated = torch.zeros((), dtype=torch.float32, device=self.device)
         grads: list[torch.Tensor] = []
         for r in self._rules:
             g = self._params[r.megatron].grad
             if g is None:
                 continue
-            grads.append(g)
-            sq = g.detach().float().pow(2).sum().cpu()
+            grads.append(g)  # the tied copy is clipped with the rest, but its norm is the embeddings'
+            if r.tied_copy:
+                continue
+            sq = g.detach().float().pow(2).sum()
             if r.kind == convert.REPLICATED:
                 replicated += sq
             else:
                 sharded += sq
         if self.tp > 1:
             dist.all_reduce(sharded, group=self.tp_group)
-        total = (sharded + replicated).sqrt()
+        stage = sharded + replicated
+        if self.pp > 1:
+            dist.all_reduce(stage, group=self.pp_group)
+        total = stage.sqrt().cpu()
         max_norm = self.settings.max_grad_norm or float("inf")
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         if grads and float(coef) < 1.0:
             torch._foreach_mul_(grads, coef.to(grads[0].device))
         return total
 
+    # ----------------------------------------------------------------------------- pipeline parallel
+
+    def _pipeline(
+        self,
+        net: Any,
+        micro_batches: list[MicroBatch],
+        on_last: Any,
+        *,
+        forward_only: bool,
+        with_entropy: bool = False,
+    ) -> list[Any]:
+        """Run ``micro_batches`` through the stages with megatron-core's 1F1B schedule.
+
+        On the last stage ``on_last(k, mb, logp, entropy)`` gets micro-batch ``k``'s logprobs and returns
+        ``(loss, tokens, result)``: the loss is backpropagated through every stage as it is (unless
+        ``forward_only``); the results come back in micro-batch order on the last stage ([] elsewhere).
+        """
+        from megatron.core.pipeline_parallel.schedules import forward_backward_pipelining_without_interleaving
+
+        s = self.settings
+
+        def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
+            k = next(data_iterator)
+            mb = micro_batches[k].to(self.device)
+            hidden = net.hidden_states(mb.input_ids, mb.position_ids)
+            if not self.is_last_stage:
+                return hidden, None  # sent on to the next stage; the schedule calls no loss function here
+            logp, ent = net.logprobs(hidden, mb.pred_rows, mb.pred_cols, mb.targets, s.temperature, with_entropy)
+            return logp, lambda out: on_last(k, mb, out, ent)
+
+        first = micro_batches[0]
+        return forward_backward_pipelining_without_interleaving(
+            forward_step_func=forward_step,
+            data_iterator=iter(range(len(micro_batches))),
+            model=net.gpt,
+            num_microbatches=len(micro_batches),
+            # Only a first guess: shapes travel ahead of every tensor (variable_seq_lengths).
+            seq_length=int(first.input_ids.shape[1]),
+            micro_batch_size=int(first.input_ids.shape[0]),
+            forward_only=forward_only,
+        )
+
+    def _from_last_stage(self, value: Any) -> Any:
+        """The last stage's ``value`` on every stage of this rank's pipeline."""
+        box = [value if self.is_last_stage else None]
+        dist.broadcast_object_list(box, src=self._last_rank, group=self.pp_group)
+        return box[0]
+
+    def _reference_logprobs(self, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
+        """The reference model's logprobs of every micro-batch (last stage; [] elsewhere)."""
+        assert self.reference is not None
+        with torch.no_grad():
+            return self._pipeline(
+                self.reference,
+                micro_batches,
+                lambda k, mb, logp, ent: (logp.sum(), torch.tensor(0, dtype=torch.int), logp.detach()),
+                forward_only=True,
+            )
+
+    def _sync_tied_grads(self) -> None:
+        """Sum the two copies' gradients of tied embeddings split over stages (first and last stage)."""
+        if not (self.layout.tied and self.pp > 1) or self.rank not in (self._first_rank, self._last_rank):
+            return
+        from megatron.core import parallel_state
+
+        name = "embedding.word_embeddings.weight" if self.pp_rank == 0 else "output_layer.weight"
+        p = self._params[name]
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, group=parallel_state.get_embedding_group())
+
+    def accumulate(self, prep: PreparedBatch, *, first_epoch: bool = True) -> dict[str, torch.Tensor]:
+        """Forward and backward over the micro-batches (pipelined when ``pp > 1``); the step's sums on every rank."""
+        if self.pp == 1:
+            return super().accumulate(prep, first_epoch=first_epoch)
+        s = self.settings
+        scale = 1.0 / float(max(prep.loss_tokens, 1))
+        sums = torch.zeros(8, dtype=torch.float64)  # pg, kl, entropy, clipped, ratio, tokens, positions, bkl
+        extremes = torch.tensor([math.inf, math.inf], dtype=torch.float64)  # min ratio, -max ratio
+        mbs = prep.micro_batches
+        ref = self._reference_logprobs(mbs) if self.reference is not None and mbs else None
+
+        def on_last(k: int, mb: MicroBatch, logp: torch.Tensor, ent: torch.Tensor | None) -> Any:
+            nonlocal sums, extremes
+            tl = grpo_token_loss(
+                logp,
+                mb.behaviour_logp,
+                mb.advantages,
+                clip_eps_low=s.clip_eps_low,
+                clip_eps_high=s.clip_eps_high,
+                ref_logp=None if ref is None else ref[k],
+                kl_coef=s.kl_coef,
+            )
+            with torch.no_grad():
+                n = tl.ratio.numel()
+                zero = logp.new_zeros((), dtype=torch.float64)
+                bkl = k3_kl(mb.behaviour_logp, logp.detach()).sum() if first_epoch else zero
+                parts = [
+                    tl.pg.detach().sum(),
+                    tl.kl.sum() if tl.kl is not None else zero,
+                    ent.sum() if ent is not None else zero,
+                    tl.clipped.sum(),
+                    tl.ratio.sum(),
+                    zero + n,
+                    zero + mb.num_positions,
+                    bkl,
+                ]
+                sums += torch.stack([x.double() for x in parts]).cpu()
+                if n:
+                    extremes = torch.minimum(extremes, torch.stack([tl.ratio.min(), -tl.ratio.max()]).double().cpu())
+            return tl.loss.sum() * scale, torch.tensor(n, dtype=torch.int), {}
+
+        if mbs:  # the same plan on every rank: all run the schedule, or none
+            self._pipeline(self.net, mbs, on_last, forward_only=False, with_entropy=True)
+        self._sync_tied_grads()
+        sums, extremes = self._from_last_stage((sums, extremes))
+        return {"sums": sums, "ratio_min": extremes[0], "ratio_max": -extremes[1]}
+
+    @torch.no_grad()
+    def action_logprobs(self, samples: list[Sample]) -> list[np.ndarray]:  # type: ignore[override]
+        if self.pp == 1:
+            return super().action_logprobs(samples)
+        s = self.settings
+        streams = [flatten_sample(x, s.max_seq_len) for x in samples]
+        out = [np.zeros(x.loss_positions.size, dtype=np.float32) for x in streams]
+        include = [i for i, x in enumerate(streams) if x.loss_positions.size]
+        zeros = np.zeros(len(streams), dtype=np.float32)
+        mbs = plan_micro_batches(streams, zeros, include, s.micro_batch_size, s.row_tokens, s.pad_token_id)
+        if mbs:
+            results = self._pipeline(
+                self.net,
+                mbs,
+                lambda k, mb, logp, ent: (logp.sum(), torch.tensor(0, dtype=torch.int), logp.float().cpu().numpy()),
+                forward_only=True,
+            )
+            for mb, logp in zip(mbs, results if self.is_last_stage else [], strict=False):  # [] on the others
+                sidx = mb.sample_index.numpy()
+                for i in np.unique(sidx):  # tokens of one sample are contiguous and in order
+                    out[int(i)] = logp[sidx == i]
+        return self._from_last_stage(out)
+
     # ------------------------------------------------------------------------------- export and state
 
     def _gather_hf(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Megatron name -> local shard, on every rank -> HF name -> full tensor on rank 0 (empty elsewhere)."""
+        """Megatron name -> local shard, on every rank -> HF name -> full tensor on rank 0 (empty elsewhere).
+
+        Collective: every rank calls it. Each stage's tensor-parallel shards are gathered on its first
+        tensor-parallel rank, which sends the stage's HF tensors to rank 0 (the shapes are the config's)."""
         out: dict[str, torch.Tensor] = {}
         for r in self._rules:
+            if r.tied_copy:
+                continue
             local = tensors[r.megatron].detach().contiguous()
-            if self.tp == 1:
-                shards = [local]
-            elif r.kind == convert.REPLICATED:
+            if self.tp == 1 or r.kind == convert.REPLICATED:
                 shards = [local]
             else:
                 shards = [torch.empty_like(local) for _ in range(self.tp)]
                 dist.all_gather(shards, local, group=self.tp_group)
-            if self.rank == 0:
+            if self.tp_rank == 0:
                 out.update(zip(r.hf, convert.to_hf(self.layout, r, [s.cpu() for s in shards]), strict=True))
+        if self.pp == 1 or self.tp_rank != 0:
+            return out if self.rank == 0 else {}
+        if self.pp_rank != 0:
+            for name in self._stage_hf_names(self.pp_rank):
+                dist.send(out[name].to(self.device).contiguous(), dst=self._first_rank)
+            return {}
+        dtype = next(iter(out.values())).dtype
+        shapes = convert.hf_shapes(self.layout)
+        for stage in range(1, self.pp):
+            src = dist.get_global_rank(self.pp_group, stage)
+            for name in self._stage_hf_names(stage):
+                buf = torch.empty(shapes[name], dtype=dtype, device=self.device)
+                dist.recv(buf, src=src)
+                out[name] = buf.cpu()
         return out
 
+    def _stage_hf_names(self, stage: int) -> list[str]:
+        """The HF tensors pipeline ``stage`` exports, in the order its rank sends them."""
+        return [n for r in convert.rules(self.layout, self.pp, stage) if not r.tied_copy for n in r.hf]
+
     def _scatter_megatron(self, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """HF name -> full tensor (on every rank) -> Megatron name -> this rank's shard."""
-        return convert.hf_to_megatron(self.layout, hf, self.tp, self.tp_rank)
+        """HF name -> full tensor (on every rank) -> Megatron name -> this rank's shard of its stage."""
+        return convert.hf_to_megatron(self.layout, hf, self.tp, self.tp_rank, self.pp, self.pp_rank)
 
     def export(self, out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         result: dict[str, np.ndarray] = {}
@@ -279,12 +473,23 @@ class MegatronBackend(TorchBackend):
             for key, d in moments.items():
                 d[name] = st[key] if key in st else torch.zeros_like(p)
             steps[name] = float(st["step"]) if "step" in st else 0.0
+        exp_avg = self._gather_hf(moments["exp_avg"])
+        exp_avg_sq = self._gather_hf(moments["exp_avg_sq"])
+        hf_steps = {hf: steps[r.megatron] for r in self._rules if not r.tied_copy for hf in r.hf}
+        if self.pp > 1 and self.tp_rank == 0:  # every stage's step counts to rank 0
+            if self.pp_rank != 0:
+                dist.send_object_list([hf_steps], dst=self._first_rank, device=self.device)
+            else:
+                for stage in range(1, self.pp):
+                    box: list[Any] = [None]
+                    dist.recv_object_list(box, src=dist.get_global_rank(self.pp_group, stage), device=self.device)
+                    hf_steps.update(box[0])
         return {
             "format": "megatron-hf-v1",
             "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]],
-            "exp_avg": self._gather_hf(moments["exp_avg"]),
-            "exp_avg_sq": self._gather_hf(moments["exp_avg_sq"]),
-            "step": {hf: steps[r.megatron] for r in self._rules for hf in r.hf},
+            "exp_avg": exp_avg,
+            "exp_avg_sq": exp_avg_sq,
+            "step": hf_steps,
             "optimizer_steps": self.optimizer_steps,
         }
 

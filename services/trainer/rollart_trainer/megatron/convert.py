@@ -12,6 +12,13 @@ included) survives HF -> Megatron -> HF unchanged. The layouts Megatron's ``GPTM
   columns): ``linear_proj`` (``o_proj``) and ``linear_fc2`` (``down_proj``); norms are replicated.
 
 ``lm_head.weight`` exists on either side only when the config does not tie embeddings.
+
+Pipeline parallelism splits the model by stage (:func:`stage_layers`): stage ``s`` of ``pp`` holds decoder
+layers ``s*L/pp .. (s+1)*L/pp - 1`` under local names (``decoder.layers.0`` is its first), the first stage the
+word embeddings, the last the final norm and the output layer. A tied model split over stages keeps a copy of
+the embeddings as the last stage's ``output_layer.weight`` (a rule with ``tied_copy``): it is loaded from
+``model.embed_tokens.weight``, its gradient is summed with the embeddings' every step so both copies stay
+equal, and it is never exported (the first stage's is).
 """
 
 from __future__ import annotations
@@ -99,6 +106,13 @@ class Qwen3Layout:
             out.append(("pipeline_parallel_size", f"{self.num_layers} layers are not divisible by {pp} stages"))
         return out
 
+    def stage_layers(self, pp: int, stage: int) -> range:
+        """The global decoder layers of pipeline ``stage`` of ``pp`` (equal shares; see :meth:`parallel_errors`)."""
+        if pp < 1 or not 0 <= stage < pp or self.num_layers % pp:
+            raise ValueError(f"stage {stage} of {pp} does not split {self.num_layers} layers")
+        per = self.num_layers // pp
+        return range(stage * per, (stage + 1) * per)
+
 
 # ----------------------------------------------------------------------------------------------- rules
 
@@ -112,13 +126,19 @@ class Rule:
     megatron: str
     hf: tuple[str, ...]
     kind: str
+    #: The last stage's copy of tied embeddings: loaded, trained in step, never exported (the first stage's is).
+    tied_copy: bool = False
 
 
-def rules(layout: Qwen3Layout) -> list[Rule]:
-    """Every parameter of the Megatron model (pipeline size 1), in a fixed order."""
-    out = [Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), VOCAB)]
-    for i in range(layout.num_layers):
-        m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
+def rules(layout: Qwen3Layout, pp: int = 1, stage: int = 0) -> list[Rule]:
+    """Every parameter of pipeline ``stage`` of ``pp`` of the Megatron model, in a fixed order (Megatron names
+    local to the stage, Hugging Face names global)."""
+    first, last = stage == 0, stage == pp - 1
+    out = []
+    if first:
+        out.append(Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), VOCAB))
+    for local, i in enumerate(layout.stage_layers(pp, stage)):
+        m, h = f"decoder.layers.{local}.", f"model.layers.{i}."
         out += [
             Rule(m + "input_layernorm.weight", (h + "input_layernorm.weight",), REPLICATED),
             Rule(
@@ -133,9 +153,12 @@ def rules(layout: Qwen3Layout) -> list[Rule]:
             Rule(m + "mlp.linear_fc1.weight", (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"), GATE_UP),
             Rule(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), ROW),
         ]
-    out.append(Rule("decoder.final_layernorm.weight", ("model.norm.weight",), REPLICATED))
-    if not layout.tied:
-        out.append(Rule("output_layer.weight", ("lm_head.weight",), VOCAB))
+    if last:
+        out.append(Rule("decoder.final_layernorm.weight", ("model.norm.weight",), REPLICATED))
+        if not layout.tied:
+            out.append(Rule("output_layer.weight", ("lm_head.weight",), VOCAB))
+        elif not first:
+            out.append(Rule("output_layer.weight", ("model.embed_tokens.weight",), VOCAB, tied_copy=True))
     return out
 
 
@@ -217,10 +240,11 @@ def to_hf(layout: Qwen3Layout, rule: Rule, shards: Sequence[torch.Tensor]) -> li
 
 
 def hf_to_megatron(
-    layout: Qwen3Layout, hf: Mapping[str, torch.Tensor], tp: int = 1, rank: int = 0
+    layout: Qwen3Layout, hf: Mapping[str, torch.Tensor], tp: int = 1, rank: int = 0, pp: int = 1, stage: int = 0
 ) -> dict[str, torch.Tensor]:
-    """Megatron name -> this rank's shard. ``hf`` must hold every exported name (extra names are refused,
-    except ``lm_head.weight`` of a tied model, which some checkpoints still store)."""
+    """Megatron name -> this rank's shard (tensor-parallel ``rank`` of pipeline ``stage``). ``hf`` must hold
+    every exported name (extra names are refused, except ``lm_head.weight`` of a tied model, which some
+    checkpoints still store)."""
     want = set(hf_names(layout))
     extra = set(hf) - want - ({"lm_head.weight"} if layout.tied else set())
     missing = want - set(hf)
@@ -228,12 +252,26 @@ def hf_to_megatron(
         raise UnsupportedModel(
             f"weights do not match the config: missing {sorted(missing)[:4]}, extra {sorted(extra)[:4]}"
         )
-    return {r.megatron: to_megatron(layout, r, [hf[n] for n in r.hf], tp, rank) for r in rules(layout)}
+    return {r.megatron: to_megatron(layout, r, [hf[n] for n in r.hf], tp, rank) for r in rules(layout, pp, stage)}
 
 
-def megatron_to_hf(layout: Qwen3Layout, shards: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """HF name -> full tensor, from every tensor-parallel rank's Megatron tensors (rank order)."""
+def megatron_to_hf(
+    layout: Qwen3Layout, shards: Sequence[Mapping[str, torch.Tensor]], pp: int = 1, stage: int = 0
+) -> dict[str, torch.Tensor]:
+    """HF name -> full tensor, from every tensor-parallel rank's Megatron tensors (rank order) of one pipeline
+    stage (the tied copy is left out: the first stage's embeddings are the exported ones)."""
     out: dict[str, torch.Tensor] = {}
-    for r in rules(layout):
-        out.update(zip(r.hf, to_hf(layout, r, [s[r.megatron] for s in shards]), strict=True))
+    for r in rules(layout, pp, stage):
+        if not r.tied_copy:
+            out.update(zip(r.hf, to_hf(layout, r, [s[r.megatron] for s in shards]), strict=True))
+    return out
+
+
+def stages_to_hf(
+    layout: Qwen3Layout, stages: Sequence[Sequence[Mapping[str, torch.Tensor]]]
+) -> dict[str, torch.Tensor]:
+    """HF name -> full tensor, from every rank's Megatron tensors (``stages[stage][tensor-parallel rank]``)."""
+    out: dict[str, torch.Tensor] = {}
+    for stage, shards in enumerate(stages):
+        out.update(megatron_to_hf(layout, shards, len(stages), stage))
     return out

@@ -44,5 +44,29 @@ def apply() -> bool:
     # 3. ``CudaRNGStatesTracker.add`` seeds a CUDA generator (``torch.cuda.manual_seed``) when
     #    ``model_parallel_cuda_manual_seed`` sets up the tracker; with (2) nothing reads those states.
     mrandom.CudaRNGStatesTracker.add = lambda self, name, seed: self.states_.__setitem__(name, seed)
+
+    # 4. Pipeline p2p (``P2PCommunicator._communicate_shapes``) calls ``torch.cuda.synchronize()`` after every
+    #    exchange of tensor shapes, against a race of NCCL's batched sends. Gloo's isend/irecv requests were
+    #    already waited on, and there is no CUDA stream to wait for.
+    torch.cuda.synchronize = lambda device=None: None
+
+    # 5. The pipeline schedules count tokens in ``torch.zeros([], device="cuda")``. The schedules module alone
+    #    sees a ``torch`` whose ``zeros`` puts a "cuda" tensor on the CPU (nothing else in it changes).
+    from megatron.core.pipeline_parallel import schedules
+
+    schedules.torch = _TorchWithCpuZeros()  # type: ignore[assignment]
     _applied = True
     return True
+
+
+class _TorchWithCpuZeros:
+    """``torch`` for :mod:`megatron.core.pipeline_parallel.schedules` on CPU (patch 5)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        if device is not None and str(device).startswith("cuda"):
+            device = "cpu"
+        return torch.zeros(*args, device=device, **kwargs)

@@ -24,11 +24,20 @@ from .convert import Qwen3Layout
 
 
 def build_gpt_model(layout: Qwen3Layout, *, params_dtype: torch.dtype = torch.float32) -> nn.Module:
-    """A ``GPTModel`` for the layout (model-parallel state must be initialised; weights are not initialised:
-    load them with the converter)."""
+    """This rank's ``GPTModel`` for the layout (model-parallel state must be initialised; weights are not
+    initialised: load them with the converter).
+
+    With pipeline parallelism it is this rank's stage: its share of the layers, the embeddings on the first
+    stage only, the final norm and output layer on the last only. Tied embeddings are shared by one parameter
+    on a single stage; over several stages the last holds a plain output layer that the converter loads with
+    the embeddings and the backend keeps equal to them (Megatron's own set-up of that copy moves it to CUDA).
+    """
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
+
+    pp = int(parallel_state.get_pipeline_model_parallel_world_size())
 
     cfg = TransformerConfig(
         num_layers=layout.num_layers,
@@ -58,6 +67,15 @@ def build_gpt_model(layout: Qwen3Layout, *, params_dtype: torch.dtype = torch.fl
         bias_dropout_fusion=False,
         attention_softmax_in_fp32=True,
         tensor_model_parallel_size=_tp_size(),
+        pipeline_model_parallel_size=pp,
+        # Between stages: hidden states in the parameters' dtype, shapes sent ahead of every tensor (packed
+        # micro-batches differ in rows and width), plain isend/irecv pairs (what gloo runs), and the loss
+        # function's sum taken as it is (the GRPO step already divides by the batch's loss tokens).
+        pipeline_dtype=params_dtype,
+        variable_seq_lengths=True,
+        batch_p2p_comm=False,
+        calculate_per_token_loss=True,
+        moe_token_dispatcher_type="alltoall",  # no experts; the default ("allgather") refuses variable lengths
     )
     spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
     return GPTModel(
@@ -65,9 +83,9 @@ def build_gpt_model(layout: Qwen3Layout, *, params_dtype: torch.dtype = torch.fl
         spec,
         vocab_size=layout.vocab,
         max_sequence_length=layout.max_positions,
-        pre_process=True,
-        post_process=True,
-        share_embeddings_and_output_weights=layout.tied,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=layout.tied and pp == 1,
         position_embedding_type="rope",
         rotary_base=layout.rope_theta,
     )
@@ -103,6 +121,9 @@ class MegatronTokenLogprobs(nn.Module):
     The output layer runs only on the positions that predict agent tokens; with tensor parallelism its
     vocabulary-parallel logits are gathered (the all-gather's backward hands each rank its slice), so the
     logprob and entropy are computed exactly as in the Hugging Face wrapper.
+
+    ``forward`` runs a whole model (pipeline size 1). Under pipeline parallelism the schedule calls the two
+    halves: :meth:`hidden_states` on every stage, :meth:`logprobs` on the last.
     """
 
     def __init__(self, gpt: nn.Module, layout: Qwen3Layout) -> None:
@@ -120,16 +141,32 @@ class MegatronTokenLogprobs(nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        hidden = self.hidden_states(input_ids, position_ids)
+        return self.logprobs(hidden, pred_rows, pred_cols, targets, temperature, with_entropy)
+
+    def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """This stage's decoder output ``[s, b, h]`` (the final RMSNorm included on the last stage). The first
+        stage embeds ``input_ids``; the others start from the tensor the schedule gave ``set_input_tensor``."""
+        gpt: Any = self.gpt
+        hidden = gpt.embedding(input_ids=input_ids, position_ids=position_ids) if gpt.pre_process else None
+        rope = rope_angles(position_ids, self.layout.head_dim, self.layout.rope_theta).to(gpt.config.params_dtype)
+        return gpt.decoder(hidden_states=hidden, attention_mask=packed_causal_mask(position_ids), rotary_pos_emb=rope)
+
+    def logprobs(
+        self,
+        hidden: torch.Tensor,
+        pred_rows: torch.Tensor,
+        pred_cols: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float = 1.0,
+        with_entropy: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logprob (and entropy) of ``targets`` from the last stage's hidden states."""
         from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
         gpt: Any = self.gpt
-        hidden = gpt.embedding(input_ids=input_ids, position_ids=position_ids)  # [s, b, h]
-        rope = rope_angles(position_ids, self.layout.head_dim, self.layout.rope_theta).to(hidden.dtype)
-        hidden = gpt.decoder(
-            hidden_states=hidden, attention_mask=packed_causal_mask(position_ids), rotary_pos_emb=rope
-        )  # final RMSNorm included
         h = hidden[pred_cols, pred_rows]  # [N, h] ([s, b] layout)
-        weight = gpt.shared_embedding_or_output_weight() if self.layout.tied else None
+        weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
         local_logits, _ = gpt.output_layer(h[None], weight=weight)  # [1, N, V/tp]
         logits = gather_from_tensor_model_parallel_region(local_logits)[0].float()
         if temperature != 1.0:
