@@ -59,6 +59,7 @@ from .episode import (
     run_blocking,
 )
 from .latency import LatencySampler
+from .ledger_batch import LedgerBatcher
 from .peers import Peers, PeerUnavailable
 from .sandbox import SandboxLimits, live_sandboxes
 from .waves import ENDED, SCORED, Waves
@@ -535,6 +536,8 @@ class Manager:
         for entry in cfg.environments:
             self.registry.register_from_mapping(entry, replace=True)
         self.peers = Peers(cfg)
+        # The loops' AcquireLeases and Submit go out together as AcquireLeasesBatch / SubmitBatch (ledger_batch.py).
+        self.ledger_calls = LedgerBatcher(self._ledger)
         self.executor = concurrent.futures.ThreadPoolExecutor(cfg.env_threads, thread_name_prefix="env")
         self.ctx = EpisodeContext(cfg, self.peers, self.registry, self.executor)
         self.base_limits = SandboxLimits(**cfg.sandbox.model_dump())
@@ -578,15 +581,15 @@ class Manager:
             raise LedgerError(str(exc)) from None
 
     async def acquire(self, loop: Loop) -> lp.Lease | None:
-        stub = await self._ledger()
+        await self._ledger()
         self.ensure_watch(loop.group.holder_prefix)
         wait = self.cfg.lease_wait_seconds
         t0 = time.monotonic()
         try:
-            resp = await stub.AcquireLeases(
+            resp = await self.ledger_calls.acquire(
                 lp.AcquireLeasesRequest(holder=loop.holder, max_leases=1, tasks=loop.group.lease_tasks,
-                                        wait=dur(wait), region=self.cfg.region),
-                timeout=wait + self.cfg.rpc_timeout_seconds)
+                                        region=self.cfg.region),
+                wait=wait, timeout=wait + self.cfg.rpc_timeout_seconds)
         except aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 await self.peers.ledger.forget()
@@ -660,9 +663,8 @@ class Manager:
         delay = 0.2
         while True:
             try:
-                stub = await self._ledger()
-                return await stub.Submit(lp.SubmitRequest(trajectory=traj, holder=holder, work=work),
-                                         timeout=self.cfg.rpc_timeout_seconds)
+                return await self.ledger_calls.submit(lp.SubmitRequest(trajectory=traj, holder=holder, work=work),
+                                                      timeout=self.cfg.rpc_timeout_seconds)
             except aio.AioRpcError as exc:
                 retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
                 if not retryable or time.time() > deadline:
@@ -913,5 +915,6 @@ class Manager:
             w.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
+        await self.ledger_calls.close()
         await self.peers.close()
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 # Calls that are safe to repeat (the client retries them on UNAVAILABLE and waits for a restarting server).
 LEDGER_IDEMPOTENT = tuple(
     f"rollart.v1.Ledger/{m}"
-    for m in ("RenewLease", "ReleaseLease", "Submit", "RecordReward", "GetVersion", "GetLease", "GetJobPolicy")
+    for m in ("RenewLease", "ReleaseLease", "Submit", "SubmitBatch", "RecordReward", "GetVersion", "GetLease",
+              "GetJobPolicy")
 )
 PROXY_IDEMPOTENT = ("rollart.v1.LLMProxy/Tokenize", "rollart.v1.LLMProxy/Abort")
 REWARD_IDEMPOTENT = ("rollart.v1.Reward/Score",)
