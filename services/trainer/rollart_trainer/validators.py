@@ -110,7 +110,8 @@ def _parallel(spec: T.TrainerJobSpec) -> None:
     pp = v.integer(p + "pipeline_parallel_size", spec.parallel.pipeline_parallel_size, 0, MAX_PARALLEL) or 1
     if spec.backend != T.TRAINER_BACKEND_MEGATRON:
         if tp > 1 or pp > 1:
-            raise errors.InvalidArgument(p + "tensor_parallel_size", "model parallelism needs backend megatron")
+            which = "tensor_parallel_size" if tp > 1 else "pipeline_parallel_size"
+            raise errors.InvalidArgument(p + which, "model parallelism needs backend megatron")
         return
     if not megatron_available():
         raise errors.InvalidArgument(
@@ -127,12 +128,12 @@ def _parallel(spec: T.TrainerJobSpec) -> None:
         raise errors.InvalidArgument("spec.model", f"not convertible to Megatron: {errors.shorten(str(exc))}") from None
     for which, why in layout.parallel_errors(tp, pp):
         raise errors.InvalidArgument(p + which, why)
-    if pp > 1:
-        raise errors.InvalidArgument(p + "pipeline_parallel_size", "pipeline parallelism is not implemented yet (1)")
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if tp * pp != world:
+    if tp * pp != world:  # every rank is one tensor-parallel rank of one stage (no data parallelism)
         raise errors.InvalidArgument(
-            p + "tensor_parallel_size", f"{tp} x {pp} ranks needed, the trainer runs {world} (torchrun's world size)"
+            p + ("pipeline_parallel_size" if pp > 1 else "tensor_parallel_size"),
+            f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {tp * pp} ranks needed,"
+            f" the trainer runs {world} (torchrun's world size)",
         )
 
 

@@ -39,6 +39,9 @@ def test_a_layout_the_model_takes_passes(qwen3: Path, monkeypatch: pytest.Monkey
     check_spec(spec(qwen3))
     monkeypatch.setenv("WORLD_SIZE", "2")
     check_spec(spec(qwen3, parallel={"tensor_parallel_size": 2}))
+    check_spec(spec(qwen3, parallel={"pipeline_parallel_size": 2}))  # 28 layers, 14 per stage
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    check_spec(spec(qwen3, parallel={"tensor_parallel_size": 2, "pipeline_parallel_size": 4}))
 
 
 def test_bad_layouts_name_the_field(qwen3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,15 +51,29 @@ def test_bad_layouts_name_the_field(qwen3: Path, monkeypatch: pytest.MonkeyPatch
     assert msg.startswith("spec.parallel.tensor_parallel_size") and "heads (16)" in msg
     msg = field_of(spec(qwen3, parallel={"pipeline_parallel_size": 3}))
     assert msg.startswith("spec.parallel.pipeline_parallel_size") and "28 layers" in msg
-    msg = field_of(spec(qwen3, parallel={"pipeline_parallel_size": 2}))  # divisible, not implemented
-    assert msg.startswith("spec.parallel.pipeline_parallel_size") and "not implemented" in msg
+    msg = field_of(spec(qwen3, parallel={"pipeline_parallel_size": 8}))  # 28 layers: 3.5 per stage
+    assert msg.startswith("spec.parallel.pipeline_parallel_size") and "28 layers are not divisible by 8" in msg
     monkeypatch.setenv("WORLD_SIZE", "1")
     msg = field_of(spec(qwen3, parallel={"tensor_parallel_size": 2}))  # the trainer has one rank
     assert msg.startswith("spec.parallel.tensor_parallel_size") and "ranks" in msg
+    # Stages x tensor-parallel ranks must be the world: more or fewer ranks are refused, naming the stages.
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    msg = field_of(spec(qwen3, parallel={"tensor_parallel_size": 4, "pipeline_parallel_size": 2}))
+    assert msg.startswith("spec.parallel.pipeline_parallel_size") and "= 8 ranks needed" in msg and "runs 4" in msg
+    msg = field_of(spec(qwen3, parallel={"pipeline_parallel_size": 2}))
+    assert msg.startswith("spec.parallel.pipeline_parallel_size") and "= 2 ranks needed" in msg
+    assert field_of(spec(qwen3, parallel={"pipeline_parallel_size": -2})).startswith(
+        "spec.parallel.pipeline_parallel_size"
+    )
+    assert field_of(spec(qwen3, parallel={"pipeline_parallel_size": 1 << 20})).startswith(
+        "spec.parallel.pipeline_parallel_size"
+    )
     assert field_of(spec(qwen3, parallel={"tensor_parallel_size": -1})).startswith("spec.parallel.tensor_parallel_size")
     # Only the Megatron backend splits a model.
     msg = field_of(spec(qwen3, backend="torch", parallel={"tensor_parallel_size": 2}))
     assert msg.startswith("spec.parallel.tensor_parallel_size") and "megatron" in msg
+    msg = field_of(spec(qwen3, backend="fsdp2", parallel={"pipeline_parallel_size": 2}))
+    assert msg.startswith("spec.parallel.pipeline_parallel_size") and "megatron" in msg
 
 
 def test_models_the_converter_does_not_know_name_the_model(qwen3: Path, tmp_path: Path) -> None:
