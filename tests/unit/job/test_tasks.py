@@ -154,3 +154,17 @@ def test_progress_summary_and_curve_per_task(tmp_path, capsys):
     assert set(series) == {"a", "b"} and series["a"][0] == (1, pytest.approx(0.1)) and len(series["b"]) == 12
     assert plot_rewards(records, tmp_path / "reward.png", "t") and (tmp_path / "reward.png").stat().st_size > 0
     assert yaml  # the job files are YAML
+
+
+def test_ledger_status_lists_task_pools():
+    from rollart.cli.ledger import render
+    from rollart.v1 import ledger_pb2
+
+    st = ledger_pb2.LedgerStatus()
+    assert "TASK POOLS" not in render(st)  # one-task jobs: no section
+    st.task_pools.add(task="frozenlake", share=0.5, pending_slots=12, ready_groups=1, inflight_samples=16)
+    st.task_pools.add(task="arith", share=0.5, pending_slots=3, ready_groups=0, inflight_samples=8)
+    text = render(st)
+    assert "TASK POOLS" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("frozenlake"))
+    assert row.split() == ["frozenlake", "50%", "12", "1", "16"]
