@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
+import grpc
 from grpc import aio
 
 from rollart.discovery import Registration
@@ -26,6 +27,24 @@ from .openai_http import OpenAIServer
 
 log = logging.getLogger(__name__)
 
+
+def _wire(response: bytes | lp.TrajectoryGenerateResponse) -> bytes:
+    """Generate's response serializer: forwarded responses arrive already encoded (``Proxy.generate_wire``)."""
+    return response if type(response) is bytes else response.SerializeToString()
+
+
+class _Handlers:
+    """Stands in for the server while the generated ``add_LLMProxyServicer_to_server`` registers the methods, so
+    that Generate's response serializer can be replaced before the real server sees them."""
+
+    name = ""
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, _handlers: object) -> None:
+        pass  # registered below, from the same (patched) method table
+
+    def add_registered_method_handlers(self, name: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.name, self.handlers = name, handlers
 
 
 class LLMProxyService(lg.LLMProxyServicer):
@@ -45,7 +64,14 @@ class LLMProxyService(lg.LLMProxyServicer):
         return self.proxy
 
     def add_to_server(self, server: aio.Server) -> None:
-        lg.add_LLMProxyServicer_to_server(self, server)
+        table = _Handlers()
+        lg.add_LLMProxyServicer_to_server(self, table)
+        generate = table.handlers["Generate"]
+        table.handlers["Generate"] = grpc.unary_stream_rpc_method_handler(
+            generate.unary_stream, request_deserializer=generate.request_deserializer, response_serializer=_wire
+        )
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(table.name, table.handlers),))
+        server.add_registered_method_handlers(table.name, table.handlers)
 
     async def start(self) -> None:
         self.proxy = Proxy(self.cfg)
@@ -114,7 +140,8 @@ class LLMProxyService(lg.LLMProxyServicer):
         self, request: lp.TrajectoryGenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[lp.TrajectoryGenerateResponse]:
         # A failed turn raises TurnError: the server's handler wrapper ends the stream with its status.
-        async with aclosing(self.p.generate(request, context.time_remaining())) as gen:
+        # Encoded responses: the actor's chunks are forwarded as received (see _wire).
+        async with aclosing(self.p.generate_wire(request, context.time_remaining())) as gen:
             async for resp in gen:
                 yield resp
 

@@ -33,6 +33,7 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
         self.ready = True
         self.draining = False
         self.requests: list[actor_pb2.ActorGenerateRequest] = []
+        self.metadata: list[dict[str, str]] = []  # invocation metadata of each Generate call
         self.aborts: list[actor_pb2.ActorAbortRequest] = []
         self.tokenize_calls = 0
         self.aborted: set[str] = set()
@@ -66,6 +67,7 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
 
     async def Generate(self, request, context):
         self.requests.append(request)
+        self.metadata.append(dict(context.invocation_metadata() or ()))
         self.started.set()
         if request.min_version and self.version < request.min_version:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"active version {self.version} < min")
