@@ -10,10 +10,12 @@ Pure bookkeeping, no I/O, so that every rule is unit-testable. The order of pref
 
 A rule with ``auto`` names no place: the task's profile does (``TaskProfiles``). A task whose turns prefill
 many more tokens than they decode (many turns re-prefilling a growing context) is prefill-heavy and goes to
-compute-kind pools; one that decodes more (few turns, long answers) is decode-heavy and goes to
-bandwidth-kind pools; before ``min_turns`` turns it is unclassified and goes anywhere. With fallback allowed
-(the default), an auto task leaves its kind when every actor of that kind is saturated (``saturation_requests``
-in flight each) or none is usable; each such turn is counted in its profile and in the metrics.
+compute-kind pools (or, when a pool of bandwidth kind has PD enabled with compute-kind prefill actors, to
+that pool: prefilled on compute, decoded on bandwidth); one that decodes more (few turns, long answers) is
+decode-heavy and goes to bandwidth-kind pools; before ``min_turns`` turns it is unclassified and goes
+anywhere. With fallback allowed (the default), an auto task leaves its kind when every actor of that kind is
+saturated (``saturation_requests`` in flight each) or none is usable; each such turn is counted in its profile
+and in the metrics.
 
 Usable means healthy, ready, not draining, not excluded by the caller (an actor that just failed this turn)
 and on an admissible version: ``lo <= active_version`` and, when ``hi > 0``, ``active_version <= hi``.
@@ -367,7 +369,26 @@ class Router:
         kind = PROFILE_KIND.get(p.profile if p is not None else UNCLASSIFIED)
         if kind is None:
             return None
+        if kind == PK.POOL_KIND_GPU_COMPUTE:
+            pd_pool = self._compute_to_bandwidth_pd_pool()
+            if pd_pool:  # the operator split prefill (compute kind) from decode (bandwidth kind): use it
+                return Rule(task=rule.task, pool=pd_pool, allow_fallback=rule.allow_fallback, auto=True)
         return Rule(task=rule.task, pool_kind=kind, allow_fallback=rule.allow_fallback, auto=True)
+
+    def _compute_to_bandwidth_pd_pool(self) -> str:
+        """The first (by name) pool with PD enabled whose decode side is bandwidth-kind and whose prefill actors
+        are compute-kind, or "": where a prefill-heavy task gets both kinds' strengths."""
+        for name in sorted(self.pd):
+            cfg = self._pd_of(name)
+            if cfg is None:
+                continue
+            members = [a for a in self.actors.values() if a.pool == name]
+            info = self.pools.get(name)
+            kind = info.kind if info is not None and info.kind else (self.kind_of(members[0]) if members else 0)
+            prefill = self.prefill_candidates(cfg)
+            if kind == PK.POOL_KIND_GPU_BANDWIDTH and any(self.kind_of(a) == PK.POOL_KIND_GPU_COMPUTE for a in prefill):
+                return name
+        return ""
 
     def saturated(self, a: ActorEntry) -> bool:
         n = self.auto.saturation_requests

@@ -376,3 +376,17 @@ def test_profiles_are_bounded():
     for i in range(300):
         r.observe_turn(f"task-{i}", "t", usage(1, 1))
     assert len(r.profiles) == 256 and "task-299" in r.profiles and "task-0" not in r.profiles
+
+
+def test_auto_sends_a_prefill_heavy_task_through_a_compute_to_bandwidth_pd_split():
+    r, c, b = two_kinds()
+    r.rules = {"*": Rule("*", auto=True)}
+    for i in range(4):
+        r.observe_turn("swe", f"s{i}", usage(prompt=2000, completion=20))
+    assert r.route(trajectory_id="x", task="swe").actor is c  # no PD split: the compute kind
+    r.pd = {"h20": lp.PdPoolConfig(pool="h20", enabled=True, prefill_actor_ids=["c"])}
+    route = r.route(trajectory_id="y", task="swe")
+    assert route.actor is b and route.pd is not None  # decoded on bandwidth, prefilled on compute
+    assert r.choose_prefill("y", route.pd, 0, 0, set()) is c
+    r.pd = {"h20": lp.PdPoolConfig(pool="h20", enabled=True, prefill_actor_ids=["b"])}  # not compute-kind prefill
+    assert r.route(trajectory_id="z", task="swe").actor is c
