@@ -49,6 +49,7 @@ OK, INFRA, TIMEOUT, CANCELLED = (TS.TRAJECTORY_STATUS_OK, TS.TRAJECTORY_STATUS_I
                                  TS.TRAJECTORY_STATUS_TIMEOUT, TS.TRAJECTORY_STATUS_CANCELLED)
 _TIMEOUT_CAUSES = (FailureCause.TIMEOUT, FailureCause.BUDGET)
 MD_RETRYABLE = "rollart-retryable"
+GENERATE_METHOD = "/rollart.v1.LLMProxy/Generate"
 MD_FAILED_ACTOR = "rollart-failed-actor"
 FINAL_OBSERVATION_CHARS = 4000
 UNKNOWN_HASH = bytes(32)  # for a version the ledger does not know: settlement then says UNKNOWN_VERSION
@@ -306,7 +307,14 @@ class EpisodeContext:
 
     async def _generate_once(self, ep: Episode, spec: EpisodeSpec, context: list[int], turn: int, attempt: int,
                              max_tokens: int, timeout: float) -> Generated:
-        stub = await self._proxy()
+        try:
+            generate = await self.peers.llmproxy.unary_stream(
+                GENERATE_METHOD,
+                pp.TrajectoryGenerateRequest.SerializeToString,
+                pp.TrajectoryGenerateResponse.FromString,
+            )
+        except PeerUnavailable as exc:
+            raise InfraFailure("llmproxy-unavailable", str(exc)) from None
         sampling = common_pb2.SamplingParams()
         sampling.CopyFrom(spec.sampling)
         sampling.max_tokens = max_tokens
@@ -325,7 +333,7 @@ class EpisodeContext:
             return_text=True,
         )
         t0 = time.monotonic()
-        call = stub.Generate(req, timeout=timeout)
+        call = generate(req, timeout=timeout, metadata=self.peers.llmproxy.metadata())
         ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []

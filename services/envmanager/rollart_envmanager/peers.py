@@ -14,7 +14,9 @@ from typing import Any
 from grpc import aio
 
 from rollart.discovery import resource_manager_channel
-from rollart.runtime.client import channel
+from rollart.runtime.auth import bearer, channel_credentials
+from rollart.runtime.client import CHANNEL_OPTIONS, channel
+from rollart.runtime.telemetry import inject_metadata
 from rollart.v1 import ledger_pb2_grpc, llmproxy_pb2_grpc, reward_pb2_grpc
 from rollart.v1 import resource_manager_pb2 as rm
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
@@ -49,6 +51,8 @@ class Peer:
         self._channel: aio.Channel | None = None
         self._stub: Any = None
         self._lock = asyncio.Lock()
+        self._bare: aio.Channel | None = None
+        self._streams: dict[str, Any] = {}
 
     @property
     def known(self) -> bool:
@@ -68,6 +72,36 @@ class Peer:
                                         idempotent=self.idempotent, default_timeout=self.cfg.rpc_timeout_seconds)
                 self._stub = self.stub_cls(self._channel)
         return self._stub
+
+    async def unary_stream(self, method: str, request_serializer: Any, response_deserializer: Any) -> Any:
+        """A multi-callable for a streaming call that is never retried (e.g. LLMProxy Generate), on a second
+        channel to the same address without client interceptors or gRPC's retry filter: a grpc.aio interceptor
+        adds a task and an iterator around every call and message, the largest per-turn cost of a loop after
+        gRPC itself (bench_control_scale). Callers pass ``self.metadata()`` (token, trace context, baggage)."""
+        await self.stub()  # resolves the address (configured or discovered)
+        call = self._streams.get(method)
+        if call is None:
+            if self._bare is None:
+                opts = [*(o for o in CHANNEL_OPTIONS if o[0] != "grpc.enable_retries"), ("grpc.enable_retries", 0)]
+                creds = channel_credentials(self.cfg.tls)
+                assert self.address is not None
+                if creds is not None:
+                    if self.cfg.tls is not None and self.cfg.tls.server_name:
+                        opts.append(("grpc.ssl_target_name_override", self.cfg.tls.server_name))
+                    self._bare = aio.secure_channel(self.address, creds, options=opts)
+                else:
+                    self._bare = aio.insecure_channel(self.address, options=opts)
+            call = self._streams[method] = self._bare.unary_stream(
+                method, request_serializer=request_serializer, response_deserializer=response_deserializer
+            )
+        return call
+
+    def metadata(self) -> list[tuple[str, str]]:
+        """What the client interceptors add to a call: the job token, the current trace context and baggage."""
+        token = self.cfg.token()
+        md = [bearer(token)] if token is not None else []
+        inject_metadata(md)
+        return md
 
     async def _discover(self) -> str | None:
         if not self.cfg.resource_manager:
@@ -89,14 +123,17 @@ class Peer:
             return
         async with self._lock:
             old, self._channel, self._stub = self._channel, None, None
+            bare, self._bare, self._streams = self._bare, None, {}
             self.address = None
-        if old is not None:
-            await old.close()
+        for ch in (old, bare):
+            if ch is not None:
+                await ch.close()
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-        self._channel, self._stub = None, None
+        for ch in (self._channel, self._bare):
+            if ch is not None:
+                await ch.close()
+        self._channel, self._stub, self._bare, self._streams = None, None, None, {}
 
 
 class Peers:

@@ -99,6 +99,7 @@ class ScriptedProxy(pg.LLMProxyServicer):
         self.arrivals: list[tuple[float, str, int, str]] = []
         self.malformed: list[str] = []
         self.calls: dict[str, int] = defaultdict(int)
+        self.baggage: dict[str, str] = {}  # trajectory id -> the baggage header of its last Generate call
         self.server: grpc.Server | None = None
         self.address = ""
 
@@ -145,6 +146,7 @@ class ScriptedProxy(pg.LLMProxyServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "trajectory_id and input.token_ids are required")
         with self.lock:
             self.calls[task] += 1
+            self.baggage[tid] = dict(context.invocation_metadata()).get("baggage", "")
             plan = self.fail.get(task)
             fault = plan.pop(0) if plan else ""
         text = decode(request.input.token_ids)

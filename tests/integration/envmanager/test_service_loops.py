@@ -144,6 +144,11 @@ def test_every_environment_source_end_to_end(cluster, proxy):
         if environment in ("gem:game:GuessTheNumber-v0-easy", "custom:echo", "swe:builtin"):
             assert all(len(t.turns) >= 2 for t in trajs), environment  # multi-turn through the loop
     assert not proxy.malformed
+    # Generate goes over the interceptor-free channel (peers.Peer.unary_stream): token (checked by the scripted
+    # proxy) and trajectory baggage still travel with every call.
+    for gid in groups:
+        for t in got[gid].trajectories:
+            assert f"trajectory_id={t.trajectory_id}" in proxy.baggage.get(t.trajectory_id, ""), t.trajectory_id
     st = cluster.main.status()
     assert st.counters.admitted >= 2 * len(groups) and st.counters.infra_failures == 0
     assert st.rewards_pending == 0
