@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes as dt
-from . import leb128, streams
+from . import kernels, leb128, streams
 from . import segment as sg
 from .errors import (
     BaseMismatchError,
@@ -69,10 +69,19 @@ def extract_tensor(
     idx_parts, val_parts = [], []
     for p in et.parts:
         a, b = base[p.hf_name], target[p.hf_name]
-        pos = changed_positions(a, b)
+        fast = None
+        if a.shape == b.shape and a.dtype.itemsize == b.dtype.itemsize == dtype.itemsize:
+            fast = kernels.scan_changed(
+                np.ascontiguousarray(a).reshape(-1).view(dtype.raw), np.ascontiguousarray(b).reshape(-1).view(dtype.raw)
+            )
+        if fast is not None:  # one compiled pass: compare, positions and values (the same as below)
+            pos, vals = fast
+        else:
+            pos = changed_positions(a, b)
+            vals = np.ascontiguousarray(b).reshape(-1).view(dtype.raw)[pos]
         if pos.size:
             idx_parts.append(pos + p.offset if p.offset else pos)
-            val_parts.append(np.ascontiguousarray(b).reshape(-1).view(dtype.raw)[pos])
+            val_parts.append(vals)
     if not idx_parts:
         return np.empty(0, np.int64), np.empty(0, dtype.raw)
     if len(idx_parts) == 1:
@@ -176,10 +185,14 @@ def _gap_stream(idx: np.ndarray, itemsize: int, budget: int) -> tuple[np.ndarray
                 e = max(s + 1, e - max(1, -(-over // per_entry)))
             bounds.append(e)
         return stream, bounds, starts
-    lengths = leb128.encoded_lengths(gaps)
-    stream = np.frombuffer(leb128.encode(gaps, lengths), np.uint8)
-    ends = np.zeros(n, dtype=np.int64)
-    np.cumsum(lengths, out=ends[1:])
+    fast = kernels.gap_leb128(idx)
+    if fast is not None:
+        stream, ends = fast
+    else:
+        lengths = leb128.encoded_lengths(gaps)
+        stream = np.frombuffer(leb128.encode(gaps, lengths), np.uint8)
+        ends = np.zeros(n, dtype=np.int64)
+        np.cumsum(lengths, out=ends[1:])
     cost = ends + np.arange(1, n + 1, dtype=np.int64) * itemsize  # cumulative bytes through entry j
     bounds = [0]
     while bounds[-1] < n:  # one iteration per segment, not per entry
