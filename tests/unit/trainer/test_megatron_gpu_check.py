@@ -37,7 +37,10 @@ def test_table_has_every_figure_and_dashes_for_missing_ones() -> None:
     head, rule, row = table.splitlines()
     assert head.split(" | ")[0] == "| vllm tokens/s" and "update pause s" in head and "delta encode s" in head
     assert rule.count("---:") == len(gc.COLUMNS)
-    assert row == "| - | 1.23 | 2.00 | 0.50 | 0.25 | 12.3 | 0.10/0.20 | - | - |"
+    assert row == "| - | 1.23 | 2.00 | - | 0.50 | 0.25 | 12.3 | 0.10/0.20 | - | - |"
+    # Pipeline parallel: seconds where it ran, what kept it from running otherwise.
+    assert "| 0.75 |" in gc.format_table({"pp": {"pp2_step_s": "0.75"}})
+    assert "| needs 2 GPUs |" in gc.format_table({"pp": {"pp2_step_s": "needs 2 GPUs"}})
 
 
 def test_dry_run_through_the_shell_script() -> None:
@@ -46,5 +49,6 @@ def test_dry_run_through_the_shell_script() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert "phases model, train, delta, vllm" in lines[0] and "(dry run)" in lines[0]
+    assert "phases model, train, pp, delta, vllm" in lines[0] and "(dry run)" in lines[0]
+    assert "megatron pp2 step s" in lines[1]
     assert lines[-1].startswith("| -") and len(lines) == 4
