@@ -276,6 +276,7 @@ class Loop:
                 finally:
                     if waves is not None:
                         waves.leave(self)  # settled, failed or cancelled: the next wave may start
+                metrics.task_trajectory(lease.prompt.task or self.group.request.env.task, outcome)
                 self.done += 1
                 if outcome in SETUP_CAUSES:
                     setup_failures += 1

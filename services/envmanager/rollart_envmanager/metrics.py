@@ -21,3 +21,17 @@ EPISODE_SECONDS = Histogram("rollart_envmanager_episode_seconds", "Lease to sett
                             buckets=_BUCKETS)
 CANCEL_SECONDS = Histogram("rollart_envmanager_cancel_seconds",
                            "From a lease cancellation arriving to its trajectory being aborted", buckets=_BUCKETS)
+
+# Per task tag (multi-task jobs): trajectories by outcome ("ok", "rejected", "cancelled" or a failure cause). The
+# task label is bounded: the first MAX_TASK_LABELS tags seen keep their name, later ones count as "other".
+TASK_TRAJECTORIES = Counter(
+    "rollart_envmanager_task_trajectories_total", "Trajectories finished, by task tag and outcome", ["task", "outcome"]
+)
+MAX_TASK_LABELS = 32
+_task_labels: set[str] = set()
+
+
+def task_trajectory(task: str, outcome: str) -> None:
+    if task not in _task_labels and len(_task_labels) < MAX_TASK_LABELS and 0 < len(task) <= 128:
+        _task_labels.add(task)
+    TASK_TRAJECTORIES.labels(task if task in _task_labels else "other", outcome).inc()
