@@ -18,7 +18,9 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -187,23 +189,33 @@ def _worker(model: Path, out: Path, tp: int, pp: int, kl: float) -> None:
         model, GrpoSettings(**SETTINGS, kl_coef=kl), tensor_parallel_size=tp, pipeline_parallel_size=pp
     )
     b = m.share_batch(batch() if m.rank == 0 else None)
-    stats = [m.train_step(b) for _ in range(2)]
+    cpu_s: list[float] = []  # CPU seconds of each step, all ranks together (what bench/RESULTS.md records)
+
+    def timed_step() -> Any:
+        t0 = time.process_time()
+        st = m.train_step(b)
+        spent = torch.tensor([time.process_time() - t0], dtype=torch.float64)
+        dist.all_reduce(spent)
+        cpu_s.append(float(spent))
+        return st
+
+    stats = [timed_step() for _ in range(2)]
     exported = m.export()
     logprobs = m.action_logprobs(b.samples[:4])
     mgr = CheckpointManager(out / "ckpt")
     mgr.save(m, TrainerState(step=2, policy_version=2))
     tied_equal = True
-    if m.layout.tied and m.is_last_stage:  # the last stage's copy against the first stage's embeddings
+    if m.layout.tied and m.pp > 1 and m.is_last_stage:  # the last stage's copy against the first stage's embeddings
         copy = m._params["output_layer.weight"].detach()
         first = torch.empty_like(copy)
         dist.recv(first, src=m._first_rank)
         tied_equal = bool(torch.equal(copy, first))
-    elif m.layout.tied and m.pp_rank == 0:
+    elif m.layout.tied and m.pp > 1 and m.pp_rank == 0:
         dist.send(m._params["embedding.word_embeddings.weight"].detach().contiguous(), dst=m._last_rank)
     box = [tied_equal]
     dist.broadcast_object_list(box, src=m._last_rank, group=m.pp_group)
     dist.barrier()
-    third = m.train_step(b)
+    third = timed_step()
     if m.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         np.savez(out / "export.npz", **exported)
@@ -213,7 +225,8 @@ def _worker(model: Path, out: Path, tp: int, pp: int, kl: float) -> None:
             "entropy": [s.entropy for s in stats],
             "kl": [s.kl for s in stats],
             "tokens": [s.tokens_trained for s in stats],
-            "step_s": [s.train_seconds for s in stats],
+            "step_s": [s.train_seconds for s in (*stats, third)],
+            "cpu_s": cpu_s,
             "third_loss": third.loss,
             "logprobs": [x.tolist() for x in logprobs],
             "ckpt": str(out / "ckpt"),

@@ -54,7 +54,7 @@ def apply() -> bool:
     #    sees a ``torch`` whose ``zeros`` puts a "cuda" tensor on the CPU (nothing else in it changes).
     from megatron.core.pipeline_parallel import schedules
 
-    schedules.torch = _TorchWithCpuZeros()  # type: ignore[assignment]
+    schedules.torch = _TorchWithCpuZeros()
     _applied = True
     return True
 
