@@ -235,7 +235,8 @@ def task_dialogs(entry: dict[str, Any], seed: int) -> tuple[list[list[dict[str, 
             episodes, p_expert=p, max_turns=int(entry.get("max_turns", 8)), options=options, seed=seed
         )
     if task.startswith(RG_PREFIX):
-        return rg_dialogs(task[len(RG_PREFIX) :], episodes, p_expert=p, options=options, seed=seed)
+        size = int(options.get("size", 10_000))  # the environment's option: entry = seed mod size
+        return rg_dialogs(task[len(RG_PREFIX) :], episodes, p_expert=p, options=options, seed=seed, size=size)
     raise ValueError(f"unknown warm-start task {task!r} (frozenlake, reasoning_gym:<dataset>)")
 
 

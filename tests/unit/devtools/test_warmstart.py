@@ -105,6 +105,10 @@ def test_mixed_dialogs_answer_in_tags_with_the_experts_rate() -> None:
         a, b = (int(x) for x in d[1]["content"].split("Calculate ")[1].split(".")[0].split(" + "))
         right += said == f"<answer>{a + b}</answer>"
     assert right / len(docs) == rate  # a wrong answer is never the right one by chance
+    few, _ = ws.task_dialogs(
+        {"task": "reasoning_gym:basic_arithmetic", "episodes": 50, "options": dict(ARITH, size="5")}, seed=0
+    )
+    assert len({d[1]["content"] for d in few}) == 5  # the environment's size option: entry = seed mod size
     with pytest.raises(ValueError, match="unknown warm-start task"):
         ws.task_dialogs({"task": "chess"}, seed=0)
     with pytest.raises(ValueError, match="reasoning-gym tasks go in a mix"):
