@@ -282,7 +282,7 @@ def load_config(
         try:
             loaded = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+            raise ConfigError(f"config file {p} is not valid YAML: {' '.join(str(exc).split())}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p} must hold a mapping at the top level")
         data = loaded
@@ -296,11 +296,12 @@ def load_config(
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            key = ".".join(str(p) for p in err["loc"])
             where = f"env {origin[key]}" if key in origin else source
-            msg = err["msg"]
+            msg = " ".join(str(err["msg"]).removeprefix("Value error, ").split())
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
-            problems.append(f"config key {key!r} (from {where}): {msg}")
+            # A check across keys (no single key) names its settings itself.
+            problems.append(f"config key {key!r} (from {where}): {msg}" if key else msg)
         # One line (a container log shows it as one record): each problem names its key and where it came from.
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

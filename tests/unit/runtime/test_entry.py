@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -77,3 +78,33 @@ def test_a_service_console_script_reports_a_bad_config(tmp_path):
     assert out.returncode == 1
     assert out.stderr.strip().startswith("rollart-relay: config file not found")
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "config", "needles"),
+    [
+        # A check across keys: the message names its settings itself, with no "(top level)" or pydantic prefix.
+        ({"ROLLART_JOB_TOKEN": ""}, None, ["job_token is required", "ROLLART_JOB_TOKEN"]),
+        # Two bad keys: both on the one line.
+        (
+            {"ROLLART_TLS__CERT_FILE": "/nonexistent.crt", "ROLLART_LISTEN": "nowhere"},
+            None,
+            ["config key 'listen' (from env ROLLART_LISTEN)", "config key 'tls.cert_file'"],
+        ),
+        # YAML's own error spans several lines.
+        ({}, "listen: [unclosed\n  - x: {\n", ["is not valid YAML", "line"]),
+    ],
+)
+def test_a_config_error_is_one_line_without_a_traceback(tmp_path, env, config, needles):
+    """What a container log shows for bad settings: exactly one line, naming them."""
+    argv = [sys.executable, "-m", "rollart_relay"]
+    if config is not None:
+        (tmp_path / "c.yaml").write_text(config)
+        argv += ["--config", str(tmp_path / "c.yaml")]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ROLLART_")}
+    base.update(ROLLART_JOB_TOKEN="t" * 32, ROLLART_JOB_KEY="k" * 64)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**base, **env})
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr
+    assert lines[0].startswith("rollart-relay: ") and all(n in lines[0] for n in needles), lines[0]
+    assert "Value error" not in lines[0] and "(top level)" not in lines[0]
