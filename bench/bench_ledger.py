@@ -1,19 +1,33 @@
-"""Job Ledger benchmark: lease-acquire + settle throughput against its store's limit, Submit/GetBatch latency.
+"""Job Ledger benchmark: lease + settle throughput, single-item RPCs against the batched ones, both against their
+store's limit (redis-benchmark SET on the same redis-server), with CPU per op; GetBatch latency.
 
-    .venv/bin/python -m bench.bench_ledger [--seconds 8] [--clients 1 8 32]
+    .venv/bin/python -m bench.bench_ledger [--seconds 8] [--clients 1 8 32] [--modes single batched]
+                                           [--json PATH] [--py-spy PATH]
 
 Starts a private redis-server (AOF, appendfsync always: what `rollart up` runs) and a real rollart-ledger
-process, then for each client count runs that many concurrent clients (asyncio, one process) that each
-loop AcquireLeases(1) + Submit; one "op" is one lease acquired and settled (two RPCs, two Lua scripts).
-Right after, redis-benchmark measures SET/GET on the same redis-server with as many connections, so the
-ratio shows how close the ledger gets to its store's limit. GetBatch latency is measured on a buffer of
-complete groups (B = one group, then AckBatch). Prints a Markdown table; JSON goes to bench/out/ledger.json.
+process. For each client count, each mode runs that many concurrent environment loops (asyncio, one process),
+each its own holder, each looping "take one lease, settle it":
+
+* ``single``: AcquireLeases(max 1) + Submit per op, two RPCs and two fsync'ed scripts per op (issue 17's
+  baseline);
+* ``batched``: the envmanager's own client (rollart_envmanager.ledger_batch.LedgerBatcher): the loops' calls
+  made while a batch is in flight leave together as one AcquireLeasesBatch / SubmitBatch, whose items the
+  ledger runs as pipelined scripts (one round trip to Redis and one fsync per batch).
+
+One op is one lease acquired and its result admitted (with its reward). Right after each client count,
+redis-benchmark measures SET on the same redis-server with as many connections, so ``ops / SET`` shows how
+close the ledger gets to its store's limit. CPU per op is measured for the ledger process, redis-server and the
+client process (the three share the machine). With ``--py-spy`` (a py-spy binary; `pip install py-spy`) the
+ledger is sampled during the last batched row and its hottest functions are printed. GetBatch latency is
+measured on a buffer of complete groups (B = one group, then AckBatch). JSON (one object per row) goes to
+``--json`` (default bench/out/ledger.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import hashlib
 import json
 import os
@@ -38,6 +52,7 @@ TOKEN = "bench-token-0123456789abcdef"
 MD = [bearer(TOKEN)]
 G = 8
 HASH0 = hashlib.sha256(b"version-0").digest()
+MODES = ("single", "batched")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -58,80 +73,132 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def redis_benchmark(port: int, clients: int, sets: int, gets: int) -> dict[str, float]:
-    """SET and GET requests/s on the ledger's redis-server (its db 9), as many connections as clients."""
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_cpu_s(r: redis.Redis) -> float:
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def redis_set_rate(port: int, clients: int, n: int) -> float:
+    """SET requests/s on the ledger's redis-server (its db 9), as many connections as clients."""
     exe = shutil.which("redis-benchmark")
     if exe is None:
-        return {}
-    rates = {}
-    for test, n in (("set", sets), ("get", gets)):
-        out = subprocess.run(
-            [exe, "-h", "127.0.0.1", "-p", str(port), "-t", test, "-n", str(n), "-c", str(clients),
-             "--dbnum", "9", "--csv", "-q"],
-            capture_output=True, text=True, timeout=120,
-        ).stdout  # fmt: skip
-        for line in out.splitlines():
-            cells = [c.strip('"') for c in line.split(",")]
-            if len(cells) >= 2 and cells[0] in ("SET", "GET"):
-                rates[cells[0]] = float(cells[1])
-    return rates
+        return float("nan")
+    out = subprocess.run(
+        [exe, "-h", "127.0.0.1", "-p", str(port), "-t", "set", "-n", str(n), "-c", str(clients),
+         "--dbnum", "9", "--csv", "-q"],
+        capture_output=True, text=True, timeout=300,
+    ).stdout  # fmt: skip
+    for line in out.splitlines():
+        cells = [c.strip('"') for c in line.split(",")]
+        if len(cells) >= 2 and cells[0] == "SET":
+            return float(cells[1])
+    return float("nan")
 
 
-def trajectory(lease: lp.Lease, n: int) -> common_pb2.Trajectory:
-    return common_pb2.Trajectory(
-        trajectory_id=f"t{n}-{lease.lease_id}",
-        lease_id=lease.lease_id,
-        prompt_id=lease.prompt.prompt_id,
-        group_id=lease.group_id,
-        sample_index=lease.sample_index,
-        prompt_token_ids=list(range(64)),
-        turns=[common_pb2.Turn(action_token_ids=list(range(128)), action_versions=[lease.version] * 128)],
-        lease_version=lease.version,
-        version_hashes={lease.version: lease.version_hash},
-        status=common_pb2.TRAJECTORY_STATUS_OK,
-    )
+TEMPLATE = common_pb2.Trajectory(
+    prompt_token_ids=list(range(64)),
+    turns=[common_pb2.Turn(action_token_ids=list(range(128)), action_versions=[0] * 128)],
+    version_hashes={0: HASH0},
+    status=common_pb2.TRAJECTORY_STATUS_OK,
+)
 
 
-async def run_clients(address: str, clients: int, seconds: float) -> dict[str, float]:
+def submission(lease: lp.Lease, holder: str, n: int) -> lp.SubmitRequest:
+    t = common_pb2.Trajectory()
+    t.CopyFrom(TEMPLATE)
+    t.trajectory_id = f"t{n}-{lease.lease_id}"
+    t.lease_id = lease.lease_id
+    t.prompt_id = lease.prompt.prompt_id
+    t.group_id = lease.group_id
+    t.sample_index = lease.sample_index
+    t.lease_version = lease.version
+    return lp.SubmitRequest(trajectory=t, holder=holder, reward=common_pb2.RewardOutcome(reward=1.0))
+
+
+class Meter:
+    """Ops and per-call latencies of one row."""
+
+    def __init__(self) -> None:
+        self.ops = 0
+        self.acquire_ms: list[float] = []
+        self.submit_ms: list[float] = []
+        self.op_ms: list[float] = []
+
+
+async def run_single(address: str, clients: int, seconds: float, tag: str) -> Meter:
     channels = [grpc.aio.insecure_channel(address) for _ in range(min(clients, 4))]
     stubs = [lg.LedgerStub(c) for c in channels]
-    ops = 0
-    submit_ms: list[float] = []
-    acquire_ms: list[float] = []
+    m = Meter()
     counter = iter(range(10**9))
 
-    async def client(i: int, stop: float) -> None:
-        nonlocal ops
+    async def loop(i: int, stop: float) -> None:
         stub = stubs[i % len(stubs)]
-        holder = f"bench/{clients}/{i}"
+        holder = f"bench/{tag}/{i}"
         while time.monotonic() < stop:
             t0 = time.perf_counter()
             resp = await stub.AcquireLeases(lp.AcquireLeasesRequest(holder=holder), metadata=MD, timeout=30)
-            acquire_ms.append((time.perf_counter() - t0) * 1000)
+            t1 = time.perf_counter()
+            m.acquire_ms.append((t1 - t0) * 1000)
             for lease in resp.leases:
-                req = lp.SubmitRequest(
-                    trajectory=trajectory(lease, next(counter)),
-                    holder=holder,
-                    reward=common_pb2.RewardOutcome(reward=1.0),
-                )
-                t0 = time.perf_counter()
-                verdict = await stub.Submit(req, metadata=MD, timeout=30)
-                submit_ms.append((time.perf_counter() - t0) * 1000)
-                if verdict.admitted:
-                    ops += 1
+                t2 = time.perf_counter()
+                verdict = await stub.Submit(submission(lease, holder, next(counter)), metadata=MD, timeout=30)
+                t3 = time.perf_counter()
+                m.submit_ms.append((t3 - t2) * 1000)
+                m.op_ms.append((t3 - t0) * 1000)
+                m.ops += verdict.admitted
 
     start = time.monotonic()
-    await asyncio.gather(*(client(i, start + seconds) for i in range(clients)))
-    elapsed = time.monotonic() - start
+    await asyncio.gather(*(loop(i, start + seconds) for i in range(clients)))
     for c in channels:
         await c.close()
-    return {
-        "ops_per_s": ops / elapsed,
-        "submit_p50_ms": pct(submit_ms, 0.5),
-        "submit_p99_ms": pct(submit_ms, 0.99),
-        "acquire_p50_ms": pct(acquire_ms, 0.5),
-        "acquire_p99_ms": pct(acquire_ms, 0.99),
-    }
+    return m
+
+
+async def run_batched(address: str, clients: int, seconds: float, tag: str, max_in_flight: int) -> Meter:
+    from rollart_envmanager.ledger_batch import LedgerBatcher
+
+    ch = grpc.aio.insecure_channel(address)
+    stub = lg.LedgerStub(ch)
+
+    class Authed:  # the envmanager's channel adds the token itself; this bench's plain channel needs it per call
+        def __getattr__(self, name: str):
+            method = getattr(stub, name)
+            return lambda req, **kw: method(req, metadata=MD, **kw)
+
+    async def source():
+        return Authed()
+
+    batcher = LedgerBatcher(source, max_in_flight=max_in_flight)
+    m = Meter()
+    counter = iter(range(10**9))
+
+    async def loop(i: int, stop: float) -> None:
+        holder = f"bench/{tag}/{i}"
+        while time.monotonic() < stop:
+            t0 = time.perf_counter()
+            resp = await batcher.acquire(lp.AcquireLeasesRequest(holder=holder), wait=0.0, timeout=30)
+            t1 = time.perf_counter()
+            m.acquire_ms.append((t1 - t0) * 1000)
+            for lease in resp.leases:
+                t2 = time.perf_counter()
+                verdict = await batcher.submit(submission(lease, holder, next(counter)), timeout=30)
+                t3 = time.perf_counter()
+                m.submit_ms.append((t3 - t2) * 1000)
+                m.op_ms.append((t3 - t0) * 1000)
+                m.ops += verdict.admitted
+
+    start = time.monotonic()
+    await asyncio.gather(*(loop(i, start + seconds) for i in range(clients)))
+    m.rpcs = batcher.acquires.batches + batcher.submits.batches  # type: ignore[attr-defined]
+    await batcher.close()
+    await ch.close()
+    return m
 
 
 def getbatch_latency(stub: lg.LedgerStub, calls: int, first_step: int) -> dict[str, float]:
@@ -144,15 +211,41 @@ def getbatch_latency(stub: lg.LedgerStub, calls: int, first_step: int) -> dict[s
     return {"getbatch_p50_ms": pct(times, 0.5), "getbatch_p99_ms": pct(times, 0.99), "calls": calls}
 
 
+def py_spy_top(raw: Path, top: int = 15) -> list[tuple[str, float, float]]:
+    """(function, self %, inclusive %) of py-spy's collapsed stacks (``--format raw``), hottest self first."""
+    selft: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [f.split(" (")[0] + " (" + f.split(" (")[1].split(":")[0].rsplit("/", 1)[-1] + ")"
+                  if " (" in f else f for f in stack.split(";")]
+        selft[frames[-1]] += n
+        for f in set(frames):
+            incl[f] += n
+    return [(f, 100 * n / max(total, 1), 100 * incl[f] / max(total, 1)) for f, n in selft.most_common(top)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=8.0, help="measuring time per client count")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measuring time per row")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
-    # SET fsyncs every write (appendfsync always): fewer requests keep the run short.
-    parser.add_argument("--redis-sets", type=int, default=10_000)
-    parser.add_argument("--redis-gets", type=int, default=100_000)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--max-in-flight", type=int, default=None,
+                        help="batched: batches of each kind in flight (default: the envmanager's)")
+    # SET fsyncs every write (appendfsync always): 20,000 requests keep the run short.
+    parser.add_argument("--redis-sets", type=int, default=20_000)
     parser.add_argument("--getbatch-calls", type=int, default=300)
+    parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "out" / "ledger.json")
+    parser.add_argument("--py-spy", type=Path, help="py-spy binary: sample the ledger during the last batched row")
     args = parser.parse_args(argv)
+    from rollart_envmanager.ledger_batch import MAX_IN_FLIGHT
+
+    max_in_flight = args.max_in_flight or MAX_IN_FLIGHT
 
     script = Path(sys.executable).parent / "rollart-ledger"
     if not script.exists():
@@ -172,9 +265,13 @@ def main(argv: list[str] | None = None) -> int:
         ROLLART_LOG_LEVEL="WARNING",
     )
     ledger = ManagedProcess("ledger", [str(script)], log_path=tmp / "ledger.log", env=env, ready_file=ready).start()
-    results: dict = {"rows": []}
+    rows: list[dict] = []
+    extra: dict = {}
+    profile: list[tuple[str, float, float]] = []
     try:
         address = ledger.wait_ready(60)["address"]
+        ledger_pid = ledger.pid
+        assert ledger_pid is not None
         ch = grpc.insecure_channel(address)
         stub = lg.LedgerStub(ch)
         stub.SetJobPolicy(
@@ -187,58 +284,106 @@ def main(argv: list[str] | None = None) -> int:
             lp.RegisterVersionRequest(version=common_pb2.PolicyVersion(version=0, base_version=-1, hash=HASH0)),
             metadata=MD,
         )
-        # Enough groups for every run (the pool never runs dry while measuring).
-        needed = int(sum(args.clients) * args.seconds * 120 / G) + 2 * args.getbatch_calls
+        # Enough groups for every row (the pool never runs dry while measuring): up to ~3,000 ops/s per row.
+        needed = int(len(args.clients) * len(args.modes) * args.seconds * 3000 / G) + 2 * args.getbatch_calls
         for start in range(0, needed, 2000):
             prompts = [lp.Prompt(prompt_id=f"p{start + j}", task="math") for j in range(2000)]
-            stub.AddPrompts(lp.AddPromptsRequest(prompts=prompts), metadata=MD, timeout=60)
+            stub.AddPrompts(lp.AddPromptsRequest(prompts=prompts), metadata=MD, timeout=120)
         r = redis.Redis.from_url(url)
-        r.config_resetstat()
+        me = os.getpid()
         for n in args.clients:
-            row = {"clients": n, **asyncio.run(run_clients(address, n, args.seconds))}
-            rates = redis_benchmark(port, n, args.redis_sets, args.redis_gets)
-            row["redis_set_per_s"] = rates.get("SET", float("nan"))
-            row["redis_get_per_s"] = rates.get("GET", float("nan"))
-            row["ratio_vs_set"] = row["ops_per_s"] / row["redis_set_per_s"] if rates else float("nan")
-            results["rows"].append(row)
+            for mode in args.modes:
+                spy = None
+                last = n == args.clients[-1] and mode == "batched"
+                if args.py_spy and last:
+                    raw = tmp / "ledger.pyspy.txt"
+                    spy = subprocess.Popen(
+                        [str(args.py_spy), "record", "--pid", str(ledger_pid), "--format", "raw", "--rate", "200", "--native",
+                         "--duration", str(int(args.seconds)), "--output", str(raw)],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    )  # fmt: skip
+                c0 = (proc_cpu_s(ledger_pid), redis_cpu_s(r), proc_cpu_s(me), time.monotonic())
+                if mode == "single":
+                    m = asyncio.run(run_single(address, n, args.seconds, f"s{n}"))
+                else:
+                    m = asyncio.run(run_batched(address, n, args.seconds, f"b{n}", max_in_flight))
+                c1 = (proc_cpu_s(ledger_pid), redis_cpu_s(r), proc_cpu_s(me), time.monotonic())
+                if spy is not None:
+                    spy.wait(timeout=args.seconds + 30)
+                    if raw.exists():
+                        profile = py_spy_top(raw)
+                ops = max(m.ops, 1)
+                rows.append({
+                    "clients": n,
+                    "mode": mode,
+                    "ops_per_s": m.ops / (c1[3] - c0[3]),
+                    "op_p50_ms": pct(m.op_ms, 0.5),
+                    "op_p99_ms": pct(m.op_ms, 0.99),
+                    "acquire_p50_ms": pct(m.acquire_ms, 0.5),
+                    "submit_p50_ms": pct(m.submit_ms, 0.5),
+                    "submit_p99_ms": pct(m.submit_ms, 0.99),
+                    "rpcs_per_op": getattr(m, "rpcs", len(m.acquire_ms) + len(m.submit_ms)) / ops,
+                    "ledger_cpu_ms_per_op": (c1[0] - c0[0]) * 1000 / ops,
+                    "redis_cpu_ms_per_op": (c1[1] - c0[1]) * 1000 / ops,
+                    "client_cpu_ms_per_op": (c1[2] - c0[2]) * 1000 / ops,
+                    "load_avg": os.getloadavg()[0],
+                })  # fmt: skip
+            set_rate = redis_set_rate(port, n, args.redis_sets)
+            for row in rows:
+                if row["clients"] == n:
+                    row["redis_set_per_s"] = set_rate
+                    row["ratio_vs_set"] = row["ops_per_s"] / set_rate
         stats = r.info("commandstats")
-        evalsha = stats.get("cmdstat_evalsha", {})
-        results["evalsha_usec_per_call"] = evalsha.get("usec_per_call")
-        results.update(getbatch_latency(stub, args.getbatch_calls, 1))
-        status = stub.GetStatus(lp.LedgerStatusRequest(), metadata=MD)
-        results["admitted_total"] = status.settlement.admitted
+        extra["evalsha_usec_per_call"] = stats.get("cmdstat_evalsha", {}).get("usec_per_call")
+        extra.update(getbatch_latency(stub, args.getbatch_calls, 1))
+        extra["admitted_total"] = stub.GetStatus(lp.LedgerStatusRequest(), metadata=MD).settlement.admitted
         ch.close()
     finally:
         ledger.stop()
         redis_proc.stop()
-    results["machine"] = f"{os.cpu_count()} cores, {cpu_model()}"
-    results["redis"] = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2]
+    machine = f"{os.cpu_count()} cores, {cpu_model()}"
+    redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2]
 
-    print(f"\nLedger benchmark — {results['machine']}; redis-server {results['redis']} (AOF, appendfsync always);")
-    print(f"client and ledger on the same machine; {args.seconds:.0f} s per row; op = AcquireLeases(1) + Submit\n")
-    print(
-        "| clients | lease+settle ops/s | Submit p50 ms | Submit p99 ms | Acquire p50 ms | redis SET/s | redis GET/s | ledger ops / SET |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for row in results["rows"]:
+    print(f"\nLedger benchmark — {machine}; redis-server {redis_version} (AOF, appendfsync always); client, ledger")
+    print(f"and Redis on the same machine; {args.seconds:.0f} s per row; op = one lease acquired and settled;")
+    print(f"batched: the envmanager's LedgerBatcher, {max_in_flight} batches of each kind in flight\n")
+    print("| clients | mode | ops/s | op p50 ms | op p99 ms | RPCs/op | ledger CPU ms/op | Redis CPU ms/op |"
+          " client CPU ms/op | SET/s | ops / SET | load |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
         print(
-            f"| {row['clients']} | {row['ops_per_s']:.0f} | {row['submit_p50_ms']:.2f} | {row['submit_p99_ms']:.2f} | "
-            f"{row['acquire_p50_ms']:.2f} | {row['redis_set_per_s']:.0f} | {row['redis_get_per_s']:.0f} | "
-            f"{row['ratio_vs_set']:.3f} |"
+            f"| {row['clients']} | {row['mode']} | {row['ops_per_s']:.0f} | {row['op_p50_ms']:.2f} | "
+            f"{row['op_p99_ms']:.2f} | {row['rpcs_per_op']:.2f} | {row['ledger_cpu_ms_per_op']:.3f} | "
+            f"{row['redis_cpu_ms_per_op']:.3f} | {row['client_cpu_ms_per_op']:.3f} | {row['redis_set_per_s']:.0f} | "
+            f"{row['ratio_vs_set']:.3f} | {row['load_avg']:.1f} |"
         )
+    by = {(row["clients"], row["mode"]): row for row in rows}
+    if set(args.modes) == set(MODES):
+        print("\n| clients | single / SET | batched / SET | batched / single (ops/s) | single / batched (CPU per op) |")
+        print("|---:|---:|---:|---:|---:|")
+        for n in args.clients:
+            s, b = by[(n, "single")], by[(n, "batched")]
+            cpu = [x["ledger_cpu_ms_per_op"] + x["redis_cpu_ms_per_op"] + x["client_cpu_ms_per_op"] for x in (s, b)]
+            print(f"| {n} | {s['ratio_vs_set']:.3f} | {b['ratio_vs_set']:.3f} | {b['ops_per_s'] / s['ops_per_s']:.2f}x"
+                  f" | {cpu[0] / cpu[1]:.2f}x |")
     print(
-        f"\nGetBatch (B = {G}, one complete group, then AckBatch; {results['calls']} calls): "
-        f"p50 {results['getbatch_p50_ms']:.2f} ms, p99 {results['getbatch_p99_ms']:.2f} ms"
+        f"\nGetBatch (B = {G}, one complete group, then AckBatch; {extra['calls']} calls): "
+        f"p50 {extra['getbatch_p50_ms']:.2f} ms, p99 {extra['getbatch_p99_ms']:.2f} ms"
     )
-    if results.get("evalsha_usec_per_call") is not None:
-        print(
-            f"Redis time per ledger script call (EVALSHA, INFO commandstats): {results['evalsha_usec_per_call']:.1f} µs"
-        )
-    out = Path(__file__).resolve().parent / "out"
-    out.mkdir(exist_ok=True)
-    (out / "ledger.json").write_text(json.dumps(results, indent=2))
+    if extra.get("evalsha_usec_per_call") is not None:
+        print(f"Redis time per script run (EVALSHA, INFO commandstats): {extra['evalsha_usec_per_call']:.1f} µs")
+    if profile:
+        print(f"\nledger process, py-spy during the last batched row ({args.clients[-1]} clients): hottest functions")
+        print("| function | self % | inclusive % |\n|---|---:|---:|")
+        for f, sp, ip in profile:
+            print(f"| `{f}` | {sp:.1f} | {ip:.1f} |")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    with args.json.open("w") as fh:
+        for row in rows:
+            fh.write(json.dumps({"machine": machine, "redis": redis_version, **row}) + "\n")
+    (args.json.with_suffix(".extra.json")).write_text(json.dumps({**extra, "profile": profile}, indent=2))
     shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\nadmitted {results['admitted_total']} results; JSON: {out / 'ledger.json'}")
+    print(f"\nadmitted {extra['admitted_total']} results; JSON: {args.json}")
     return 0
 
 

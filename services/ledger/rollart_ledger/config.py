@@ -18,6 +18,8 @@ class LedgerConfig(ServiceConfig):
     rm_pool: str = "control"
     # Redis holding the state (redis://host:port/db). Run it with AOF (appendfsync always) for durability.
     redis_url: str = "redis://127.0.0.1:6379/1"
+    # Redis connections of this process; handlers beyond it wait for one (WatchCommands streams have their own).
+    redis_max_connections: int = Field(64, ge=2, le=10_000)
     # Prefix of every key; one ledger (one job) per prefix.
     key_prefix: str = "rollart:ledger:"
     # Fixes the job id up front; SetJobPolicy must then name it. Empty: the first SetJobPolicy fixes it.

@@ -158,7 +158,12 @@ class LedgerService(lg.LedgerServicer):
 
     def __init__(self, cfg: LedgerConfig) -> None:
         self.cfg = cfg
-        self.redis = aioredis.from_url(cfg.redis_url)
+        # A bounded pool that makes a handler wait for a free connection: redis-py's default pool (100) fails a
+        # call outright once that many handlers use Redis at once (e.g. 256 actors heartbeating together).
+        pool = aioredis.BlockingConnectionPool.from_url(
+            cfg.redis_url, max_connections=cfg.redis_max_connections, timeout=20
+        )
+        self.redis = aioredis.Redis.from_pool(pool)  # closes the pool with the client
         self.p = cfg.key_prefix
         self.scripts = LedgerScripts(self.redis, self.p)
         self.planner = StepPlanner(self.redis, self.scripts, self.p)

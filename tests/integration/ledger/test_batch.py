@@ -341,3 +341,24 @@ def test_batches_from_many_holders_at_once(job, ledger, channel_factory):
     assert len({r.response.lease.lease_id for r in got}) == len(got)
     assert status(s, md).settlement.admitted == len(got)
 
+
+
+def test_more_concurrent_calls_than_redis_connections_wait_instead_of_failing(services, redis_url, auth_md):
+    """256 actors heartbeating at once through a ledger allowed 4 Redis connections: every call is served."""
+    md = auth_md
+    _, address = start_ledger(services, redis_url, ROLLART_REDIS_MAX_CONNECTIONS="4")
+
+    async def run() -> list:
+        async with grpc.aio.insecure_channel(address) as ch:
+            s = lg.LedgerStub(ch)
+            await s.SetJobPolicy(lp.SetJobPolicyRequest(policy=lp.JobPolicy(job_id="job-1")), metadata=md)
+            actors = [f"a{i}" for i in range(256)]
+            await asyncio.gather(*(s.RegisterActor(lp.RegisterActorRequest(actor=lp.LedgerActor(
+                actor_id=a, endpoint="127.0.0.1:1")), metadata=md) for a in actors))
+            return await asyncio.gather(
+                *(s.ActorHeartbeat(lp.ActorHeartbeatRequest(actor_id=a), metadata=md, timeout=30) for a in actors),
+                return_exceptions=True,
+            )
+
+    out = asyncio.run(run())
+    assert all(isinstance(r, lp.ActorHeartbeatResponse) for r in out), [r for r in out if isinstance(r, Exception)][:3]
