@@ -222,6 +222,8 @@ class Turn:
     call: aio.UnaryStreamCall | None = None
     streamed: int = 0
     cut_handle: asyncio.TimerHandle | None = None
+    # PD: prompt tokens the prefill actor computed (not from its prefix cache), for the task's profile.
+    prefill_uncached: int = 0
 
     def cut(self) -> None:
         if self.call is not None and not self.call.done():
@@ -1083,7 +1085,8 @@ class Proxy:
         first = True
         async for raw, chunk in self._stream(turn, actor, areq, prompt_estimate(inp), deadline):
             if chunk.HasField("usage"):  # the last chunk: the task's profile learns the turn's shape
-                self.router.observe_turn(req.task, turn.trajectory_id, chunk.usage)
+                split = turn.prefill_uncached if prefill is not None else -1  # PD: the prefill side's work
+                self.router.observe_turn(req.task, turn.trajectory_id, chunk.usage, prefilled=split)
             if first:
                 metrics.TTFT.observe(time.monotonic() - received)
                 first = False
@@ -1119,6 +1122,8 @@ class Proxy:
         async for _raw, chunk in self._stream(turn, actor, areq, len(inp.token_ids), deadline, prefill=True):
             if chunk.kv_transfer_params_json:
                 params = chunk.kv_transfer_params_json
+            if chunk.HasField("usage"):
+                turn.prefill_uncached = chunk.usage.prompt_tokens - chunk.usage.cached_prompt_tokens
         turn.streamed = streamed  # the prefill's token is not the caller's: the decode generates it again
         return params
 

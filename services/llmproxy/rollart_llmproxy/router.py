@@ -351,13 +351,17 @@ class Router:
             self.profiles.move_to_end(task)
         return p
 
-    def observe_turn(self, task: str, trajectory_id: str, usage: common_pb2.GenerationUsage) -> None:
-        """A turn of ``task`` ended: what it prefilled (prompt tokens not served from the prefix cache) and
-        decoded. Every task is profiled; only ``auto`` rules route by the profile."""
+    def observe_turn(
+        self, task: str, trajectory_id: str, usage: common_pb2.GenerationUsage, prefilled: int = -1
+    ) -> None:
+        """A turn of ``task`` ended: what it prefilled (prompt tokens not served from the prefix cache; under
+        PD ``prefilled``, the prefill actor's, since the decode actor received the KV) and decoded. Every task
+        is profiled; only ``auto`` rules route by the profile."""
         p = self.profile_of(task, create=True)
         assert p is not None
         before = p.profile
-        p.observe(trajectory_id, usage.prompt_tokens - usage.cached_prompt_tokens, usage.completion_tokens, self.auto)
+        prefill = prefilled if prefilled >= 0 else usage.prompt_tokens - usage.cached_prompt_tokens
+        p.observe(trajectory_id, prefill, usage.completion_tokens, self.auto)
         if p.profile != before:
             metrics.TASK_PROFILE_CHANGES.labels(p.profile).inc()
 

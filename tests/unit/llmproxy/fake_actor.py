@@ -89,6 +89,7 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
                     prompt_token_ids=prompt,
                     kv_transfer_params_json=params,
                     finish_reason=common_pb2.FINISH_REASON_LENGTH,
+                    usage=common_pb2.GenerationUsage(prompt_tokens=len(prompt), completion_tokens=1),
                 )
                 return
             n = request.sampling.max_tokens
@@ -125,6 +126,8 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
                     chunk.finish_reason = common_pb2.FINISH_REASON_LENGTH
                     chunk.usage.prompt_tokens = len(prompt)
                     chunk.usage.completion_tokens = n
+                    if request.pd_phase == actor_pb2.PD_PHASE_DECODE:  # its KV came from the prefill actor
+                        chunk.usage.cached_prompt_tokens = len(prompt)
                 yield chunk
         finally:
             self.active.pop(rid, None)

@@ -233,6 +233,9 @@ async def test_pd_turn_prefills_on_one_actor_and_decodes_on_another(env):
         "tokens": len(FakeActor.tokens_of(msgs)),
     }
     assert len(tokens(out)) == 4 and 7 not in tokens(out)[:1]  # the prefill's own token is not forwarded
+    # The task's profile counts the prefill actor's work, not the decode actor's (all KV received).
+    profile = p.router.profiles[""]
+    assert profile.prefill_avg == len(FakeActor.tokens_of(msgs)) and profile.decode_avg == 4
     # Short prompts run unified on the decode actor.
     out, err = await run(p, turn("u", n=2, input=common_pb2.ModelInput(token_ids=[5, 6])))
     assert err is None and out[0].route.actor_id == "a1" and out[0].route.prefill_actor_id == ""
