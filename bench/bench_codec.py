@@ -10,7 +10,8 @@ decode seconds (best of ``--repeat``; wall clock and this process's CPU time, si
 and ratios against XOR + zstd-1 (size; encode and decode speed) and against the dense tensors (size).
 
 - delta v1 / v2: encode = compare + extract + index stream + (v2: Zstandard byte planes, dense fallback) +
-  segments + CRC-32 + HMAC + h(v); decode = parse and verify every check + apply into a copy of the base
+  segments + CRC-32 + HMAC + h(v), with rollart.delta.kernels when numba is installed ("delta v2 numpy":
+  the same encoder on its numpy path, same bytes); decode = parse and verify every check + apply into a copy of the base
   (base version and, v2, the base hash included).
 - XOR + zstd-1 (the slime / NeMo-RL style): encode = XOR of every tensor into a reused buffer + zstd level 1
   (one reused single-threaded compressor); decode = decompress + XOR in place into the base. No integrity
@@ -38,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libs"))
 
-from rollart.delta import WeightSet, apply_delta, decode_delta, encode_delta, load_safetensors  # noqa: E402
+from rollart.delta import WeightSet, apply_delta, decode_delta, encode_delta, kernels, load_safetensors  # noqa: E402
 from rollart.delta.dtypes import BY_NAME  # noqa: E402
 
 try:
@@ -150,11 +151,20 @@ def run_case(label: str, density: float | None, base: WeightSet, target: WeightS
             }
         )
 
-    for fmt in (1, 2):
-        t_w, t_c, segs = best(
-            lambda fmt=fmt: list(encode_delta(base, target, job="bench", version=1, key=KEY, format_version=fmt)),
-            repeat,
-        )
+    variants = [(1, True, "delta v1"), (2, True, "delta v2")]
+    if kernels.available():  # the same encoder without its compiled kernels (the numpy path), same bytes
+        variants.append((2, False, "delta v2 numpy"))
+    for fmt, fast, method in variants:
+
+        def encode(fmt: int = fmt, fast: bool = fast) -> list[bytes]:
+            saved = kernels._state.get("ok")
+            kernels._state["ok"] = bool(saved) and fast
+            try:
+                return list(encode_delta(base, target, job="bench", version=1, key=KEY, format_version=fmt))
+            finally:
+                kernels._state["ok"] = saved
+
+        t_w, t_c, segs = best(encode, repeat)
         size = sum(len(s) for s in segs)  # type: ignore[union-attr]
 
         def decode_apply(w: WeightSet, segs: list[bytes] = segs) -> WeightSet:  # type: ignore[assignment]
@@ -164,8 +174,8 @@ def run_case(label: str, density: float | None, base: WeightSet, target: WeightS
         d_w, d_c, out = best(
             decode_apply, repeat, setup=lambda: WeightSet(copy_arrays(base), base.dtypes, 0, BASE_HASH)
         )
-        assert exact(out.arrays, target), f"delta v{fmt} is not exact"  # type: ignore[union-attr]
-        row(f"delta v{fmt}", size, (t_w, t_c), (d_w, d_c))
+        assert exact(out.arrays, target), f"{method} is not exact"  # type: ignore[union-attr]
+        row(method, size, (t_w, t_c), (d_w, d_c))
 
     if zstandard is not None:
         cctx, dctx = zstandard.ZstdCompressor(level=1), zstandard.ZstdDecompressor()
@@ -230,7 +240,7 @@ def run_case(label: str, density: float | None, base: WeightSet, target: WeightS
 
 def print_table(rows: list[dict]) -> None:
     head = (
-        f"{'case':<22} {'method':<13} {'MB':>8} {'B/entry':>7} {'/XOR':>5} {'/dense':>6} "
+        f"{'case':<22} {'method':<14} {'MB':>8} {'B/entry':>7} {'/XOR':>5} {'/dense':>6} "
         f"{'enc s':>7} {'enc cpu':>7} {'x XOR':>5} {'dec s':>7} {'dec cpu':>7} {'x XOR':>5}"
     )
     print(head)
@@ -247,7 +257,7 @@ def print_table(rows: list[dict]) -> None:
         ex = f"{r['encode_cpu_speedup_vs_xor']:5.2f}" if r["encode_cpu_speedup_vs_xor"] is not None else "    -"
         dx = f"{r['decode_speedup_vs_xor']:5.2f}" if r["decode_speedup_vs_xor"] is not None else "    -"
         print(
-            f"{r['case']:<22} {r['method']:<13} {r['bytes'] / 1e6:8.2f} {per} {rx} {r['vs_dense']:6.3f} "
+            f"{r['case']:<22} {r['method']:<14} {r['bytes'] / 1e6:8.2f} {per} {rx} {r['vs_dense']:6.3f} "
             f"{r['encode_s']:7.3f} {r['encode_cpu_s']:7.3f} {ex} {r['decode_s']:7.3f} {r['decode_cpu_s']:7.3f} {dx}"
         )
     print()

@@ -154,48 +154,77 @@ async def run(a: argparse.Namespace) -> list[tuple]:
                 emu, relay_wan = start_emulator(info["data_endpoint"], a)  # trainer -> relay crosses the WAN
                 lan, relay_lan = start_emulator(info["data_endpoint"], a, lan=True)  # relay -> actors: the LAN
 
+                pids = {"relay": relay.pid, "wan proxy": emu.pid, "lan proxy": lan.pid}
+
                 async def via_relay(
-                    n: int, relay_lan: str = relay_lan, relay_wan: str = relay_wan
-                ) -> tuple[int, float]:
+                    n: int, relay_lan: str = relay_lan, relay_wan: str = relay_wan, pids: dict[str, int] = pids
+                ) -> tuple[int, float, dict]:
                     nonlocal version
                     version += 1
                     segs = make_delta(a.mb, version, segment_kb=a.segment_kb)
                     actors = start_actors(relay_lan, version, n, a.streams)
+                    c0 = cpu_now(pids)
                     t0, egress = await trainer_push(hub, segs, version, relay_wan, a.streams)
-                    return egress, max(await asyncio.to_thread(finish_actors, actors)) - t0
+                    report = await asyncio.to_thread(actor_report, actors)
+                    cpu = cpu_since(c0, pids, report)
+                    return egress, max(report["done"]) - t0, cpu
 
                 try:
                     await via_relay(1)  # warm-up: processes, connections, page cache
                     for n in a.n:
                         runs = [await via_relay(n) for _ in range(a.repeat)]
-                        rows.append((mode, n, runs[0][0], statistics.median(t for _, t in runs), a.mb))
+                        rows.append((mode, n, runs[0][0], statistics.median(t for _, t, _ in runs), a.mb,
+                                     median_cpu([c for _, _, c in runs])))
                 finally:
                     emu.terminate()
                     lan.terminate()
                     relay.terminate()
                     relay.wait(10)
 
-            async def direct(n: int) -> tuple[int, float]:
+            async def direct(n: int) -> tuple[int, float, dict]:
                 nonlocal version
                 version += 1
                 segs = make_delta(a.mb, version, segment_kb=a.segment_kb)
                 sent_before = hub.bytes_sent
                 actors = start_actors(trainer_wan, version, n, a.streams)  # they wait for the version
+                pids = {"wan proxy": trainer_emu.pid}
+                c0 = cpu_now(pids)
                 t0 = time.time()
                 for raw in segs:
                     await hub.ingest(raw, verify=False)
-                done = await asyncio.to_thread(finish_actors, actors)
+                report = await asyncio.to_thread(actor_report, actors)
+                cpu = cpu_since(c0, pids, report)
                 await asyncio.sleep(0.2)  # the hub's counters settle when the sessions end
-                return hub.bytes_sent - sent_before, max(done) - t0
+                return hub.bytes_sent - sent_before, max(report["done"]) - t0, cpu
 
             await direct(1)
             for n in a.n:
                 runs = [await direct(n) for _ in range(a.repeat)]
-                rows.append(("trainer_direct", n, runs[0][0], statistics.median(t for _, t in runs), a.mb))
+                rows.append(("trainer_direct", n, runs[0][0], statistics.median(t for _, t, _ in runs), a.mb,
+                             median_cpu([c for _, _, c in runs])))
         finally:
             trainer_emu.terminate()
             await hub.stop()
     return rows
+
+
+def cpu_now(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of this process (the trainer's hub) and of the named helper processes."""
+    t = os.times()
+    return {"trainer": t.user + t.system} | {k: sum(proc_cpu(p)) for k, p in pids.items()}
+
+
+def cpu_since(c0: dict[str, float], pids: dict[str, int], actor_report: dict) -> dict[str, float]:
+    """CPU seconds each part of one fan-out spent, the actors' process from its own report."""
+    c1 = cpu_now(pids)
+    out = {k: c1[k] - c0[k] for k in c0}
+    out["actors"] = actor_report["user"] + actor_report["sys"]
+    out["total"] = sum(out.values())
+    return out
+
+
+def median_cpu(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 # ------------------------------------------------------------------------------------ forward CPU per GB
@@ -355,19 +384,27 @@ def main(argv: list[str] | None = None) -> int:
             f"{a.lan_mbps:g} MB/s shared, RTT {a.lan_rtt_ms:g} ms; S={a.streams}"
         )
         # What the links alone allow: the WAN leg, then the LAN carries N copies (cut-through overlaps them).
+        # CPU: seconds of every process taking part (trainer, proxies, relay, actors); "CPU bound" = that sum
+        # over the machine's cores, the least wall time the work could take if it had the cores to itself;
+        # "cores got" = sum / wall, what the run actually got of the shared machine.
+        cores = os.cpu_count() or 1
         print(f"{'mode':<18} {'N':>3} {'egress MB':>10} {'x delta':>8} {'last actor s':>13} {'vs direct':>10} "
-              f"{'vs N=1':>7} {'links s':>8}")
-        direct = {n: t for m, n, _, t, _ in rows if m == "trainer_direct"}
-        one = {m: t for m, n, _, t, _ in rows if n == 1}
+              f"{'vs N=1':>7} {'links s':>8} {'CPU s':>6} {'CPU bound s':>11} {'cores got':>9}  CPU s by part")
+        direct = {n: t for m, n, _, t, _, _ in rows if m == "trainer_direct"}
+        one = {m: t for m, n, _, t, _, _ in rows if n == 1}
         result["links"] = []
-        for mode, n, egress, t, _ in rows:
+        for mode, n, egress, t, _, cpu in rows:
             links = max(size / (a.link_mbps * 1e6), n * size / (a.lan_mbps * 1e6))
             if mode == "trainer_direct":
                 links = n * size / (a.link_mbps * 1e6)
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in cpu.items() if k != "total")
             print(f"{mode:<18} {n:>3} {egress / 1e6:>10.1f} {egress / size:>8.2f} {t:>13.2f} {direct[n] / t:>9.2f}x "
-                  f"{t / one[mode]:>6.2f}x {links:>8.2f}")
+                  f"{t / one[mode]:>6.2f}x {links:>8.2f} {cpu['total']:>6.2f} {cpu['total'] / cores:>11.2f} "
+                  f"{cpu['total'] / t:>9.2f}  {parts}")
             result["links"].append({"mode": mode, "n": n, "egress_bytes": egress, "seconds": t,
-                                    "vs_n1": t / one[mode], "link_bound_s": links})
+                                    "vs_n1": t / one[mode], "link_bound_s": links, "cpu_s": cpu,
+                                    "cpu_bound_s": cpu["total"] / cores, "cores_got": cpu["total"] / t})
+        result["loadavg_end"] = os.getloadavg()
     if a.cpu_mb > 0:
         cpu = asyncio.run(cpu_section(a))
         print_cpu(cpu)

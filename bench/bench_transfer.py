@@ -94,7 +94,7 @@ def start_relay(tmp: Path, libs: Path | None = None) -> tuple[subprocess.Popen, 
 def start_emulator(target: str, a: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     argv = [sys.executable, str(ROOT / "bench" / "wan_emulator.py"), target, "--rate", str(a.flow_mbps * 1e6)]
     argv += ["--link-rate", str(a.link_mbps * 1e6), "--rtt", str(a.rtt_ms / 1e3)]
-    argv += ["--stall-prob", str(a.stall_prob), "--stall", str(a.stall_ms / 1e3)]
+    argv += ["--stall-prob", str(a.stall_prob), "--stall", str(a.stall_ms / 1e3), "--slack", str(a.slack_ms / 1e3)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     return proc, proc.stdout.readline().strip()
@@ -102,6 +102,34 @@ def start_emulator(target: str, a: argparse.Namespace) -> tuple[subprocess.Popen
 
 async def one(endpoint: str, segs: list[bytes], version: int, streams: int) -> tp.SendStats:
     return await tp.send_delta(endpoint, segs, job=JOB, key=KEY, version=version, streams=streams, timeout=300)
+
+
+def wakeup_lateness(n: int = 100, period: float = 0.004) -> dict[str, float]:
+    """How late this process's timers fire on this machine now (ms): a 4 ms sleep, as the emulator's token
+    bucket does per 64 KiB at 16 MB/s. On a loaded machine this, not the transport, sets the emulator's rates."""
+
+    async def probe() -> list[float]:
+        late = []
+        for _ in range(n):
+            t = time.monotonic()
+            await asyncio.sleep(period)
+            late.append((time.monotonic() - t - period) * 1e3)
+        return sorted(late)
+
+    late = asyncio.run(probe())
+    return {"median_ms": late[n // 2], "p90_ms": late[int(n * 0.9)], "max_ms": late[-1]}
+
+
+def cpu_of(relay_pid: int, emulator_pid: int) -> dict[str, float]:
+    """CPU seconds so far of the sender (this process), the emulator and the relay (/proc: 10 ms ticks)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def proc(pid: int) -> float:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / tick
+
+    t = os.times()
+    return {"sender": t.user + t.system, "emulator": proc(emulator_pid), "relay": proc(relay_pid)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stall-prob", type=float, default=0.01, help="per 64 KiB chunk and connection")
     ap.add_argument("--stall-ms", type=float, default=100.0)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--slack-ms", type=float, default=50.0,
+                    help="emulator: lateness of its own wake-ups that does not cost capacity (0: the old emulator)")
     ap.add_argument("--segment-kb", type=int, default=512, help="maximum segment size, KiB")
     ap.add_argument("--baseline-ref", default="", help="git ref whose libs/rollart runs the relay, side by side")
     ap.add_argument("--json", type=Path, help="write the figures here")
@@ -134,19 +164,26 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 rows = []
                 for s in streams:
-                    times, stats = [], None
+                    times, cpus, stats = [], [], None
                     for _ in range(a.repeat):
                         version += 1
                         segs = make_delta(a.mb, version, segment_kb=a.segment_kb)
+                        c0 = cpu_of(relay.pid, emu.pid)
                         stats = asyncio.run(one(endpoint, segs, version, s))
+                        c1 = cpu_of(relay.pid, emu.pid)
                         times.append(stats.seconds)
+                        cpus.append({k: c1[k] - c0[k] for k in c0})
                     assert stats is not None
-                    rows.append((s, statistics.median(times), min(times), max(times), stats))
+                    cpu = {k: statistics.median(c[k] for c in cpus) for k in cpus[0]}
+                    rows.append((s, statistics.median(times), min(times), max(times), stats, cpu))
             finally:
                 emu.terminate()
                 relay.terminate()
                 relay.wait(10)
             result["runs"][label] = print_rows(label, rows, a)
+            late = wakeup_lateness()
+            result.setdefault("wakeup_lateness", []).append(late)
+            print("timer wake-ups late by (ms): " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in late.items()))
     result["loadavg_end"] = os.getloadavg()
     if a.json:
         import json
@@ -163,16 +200,21 @@ def print_rows(label: str, rows: list, a: argparse.Namespace) -> list[dict]:
         f"{a.flow_mbps:g} MB/s per flow, RTT {a.rtt_ms:g} ms, stalls p={a.stall_prob:g}/64KiB x {a.stall_ms:g} ms; "
         f"median of {a.repeat}"
     )
-    print(f"{'streams':>7} {'time s':>8} {'min..max':>13} {'MB/s':>7} {'of link':>8} {'speedup':>8} {'resent':>7}")
+    # CPU s = sender + emulator + relay during one transfer (median); cores got = that / wall: below ~1 the
+    # processes waited for a CPU (the machine is shared), and the emulator cannot keep its configured rates.
+    print(f"{'streams':>7} {'time s':>8} {'min..max':>13} {'MB/s':>7} {'of link':>8} {'speedup':>8} {'resent':>7} "
+          f"{'CPU s':>6} {'cores got':>9}  CPU s by process")
     out = []
-    for s, med, lo, hi, st in rows:
+    for s, med, lo, hi, st, cpu in rows:
         rate = size / med / 1e6
+        total = sum(cpu.values())
         print(
             f"{s:>7} {med:>8.2f} {lo:>6.2f}..{hi:<6.2f} {rate:>7.1f} {rate / a.link_mbps:>7.0%} {base / med:>7.2f}x "
-            f"{st.resent:>7}"
+            f"{st.resent:>7} {total:>6.2f} {total / med:>9.2f}  " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
         )
         out.append({"streams": s, "seconds": med, "min": lo, "max": hi, "mb_per_s": rate,
-                    "of_link": rate / a.link_mbps, "speedup": base / med, "resent": st.resent, "bytes": size})
+                    "of_link": rate / a.link_mbps, "speedup": base / med, "resent": st.resent, "bytes": size,
+                    "cpu_s": cpu, "cores_got": total / med})
     print("reference (AuroraRL): 4.71 s -> 2.90 s with 4 streams = 1.62x")
     return out
 
