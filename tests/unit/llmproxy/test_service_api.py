@@ -125,6 +125,21 @@ async def test_grpc_malformed_and_invalid_requests(served, tmp_path):
         with pytest.raises(aio.AioRpcError) as err:
             await call
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # Affinity: an auto rule that also names a place, a malformed or oversized tag; each names its field.
+    for rule, field in (
+        (lp.AffinityRule(task="*", auto=True, pool="q"), "rules[0]: auto"),
+        (lp.AffinityRule(task="*", hardware_tags=["two words"]), "rules[0]: hardware_tags[0]"),
+        (lp.AffinityRule(task="*", hardware_tags=["t" * 129]), "rules[0]: hardware_tags[0]"),
+        (lp.AffinityRule(task="t" * 300), "rules[0]: task"),
+    ):
+        with pytest.raises(aio.AioRpcError) as err:
+            await stub.SetAffinity(lp.SetAffinityRequest(rules=[rule], merge=True), metadata=MD)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details()
+    with pytest.raises(aio.AioRpcError) as err:  # unauthorised
+        await stub.SetAffinity(lp.SetAffinityRequest(rules=[lp.AffinityRule(task="*", auto=True)]))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    table = await stub.GetAffinity(lp.GetAffinityRequest(), metadata=MD)
+    assert not any(r.auto for r in table.rules)  # nothing refused was stored
 
 
 async def test_grpc_unavailable_carries_the_retry_metadata(served):
