@@ -25,8 +25,14 @@ ROOT = Path(__file__).resolve().parents[3]
 STEPS = 4
 
 
+#: What an in-process backend test leaves in os.environ (init_distributed's world of one): a child inheriting
+#: them would join that world's store (its port is still held by this process) instead of making its own.
+WORLD_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
 def run(model: Path, work: Path, kill_at: str = "") -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = {k: v for k, v in os.environ.items() if k not in WORLD_ENV}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "tests.integration.trainer.test_megatron_resume", str(model), str(work), kill_at]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
