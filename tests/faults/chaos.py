@@ -21,6 +21,10 @@ from tests.e2e.jobs import cluster_state, finish, job_file, records, start, wait
 HANG_SECONDS = 12.0  # longer than the proxy's hang bound (~6 s), shorter than the ledger's actor timeout (15 s)
 HUNG_ACTOR = "actor-2"
 START_SECONDS = 600.0  # budget of the cluster's start before the first step (not part of run.timeout)
+# The ledger's score deadline for these runs (default 240 s): a sample the envmanager admitted but had not yet
+# scored when it was SIGKILLed is failed and leased again after this, well inside the job's 120 s batch timeout
+# (FrozenLake's rule-based rewards take milliseconds, so no legitimate scoring comes near it).
+SCORE_DEADLINE_SECONDS = 30.0
 
 
 def _pid(out: Path, name: str) -> int:
@@ -62,7 +66,12 @@ def run(
 ) -> dict[str, Any]:
     """One run with ``schedule`` ([(after step, fault)]); returns code, summary, records, faults, wall time."""
     tmp.mkdir(parents=True, exist_ok=True)
-    cfg = job_file(tmp, job={"max_steps": steps, "batch_size": batch, "seed": seed}, run={"timeout": f"{timeout}s"})
+    cfg = job_file(
+        tmp,
+        job={"max_steps": steps, "batch_size": batch, "seed": seed},
+        run={"timeout": f"{timeout}s"},
+        cluster={"actors": 2, "env": {"ledger": {"ROLLART_SCORE_DEADLINE_SECONDS": str(SCORE_DEADLINE_SECONDS)}}},
+    )
     out = tmp / "out"
     t0 = time.time()
     proc = start(cfg, out)
