@@ -9,6 +9,7 @@ import os
 import subprocess
 import time
 
+import grpc
 import pytest
 
 from rollart.local.processes import free_port, start_redis
@@ -59,6 +60,16 @@ def test_unscored_sample_of_a_dead_scorer_is_failed_after_the_deadline_across_a_
             lp.RecordRewardRequest(trajectory_id=lost.lease.trajectory_id, reward={"reward": 1.0}), metadata=md
         )
         assert (late.recorded, late.unknown_trajectory) == (False, False)
+        # nor can anyone without the job token, or with a malformed id, touch it
+        for req, meta, code in (
+            (lp.RecordRewardRequest(trajectory_id=lost.lease.trajectory_id, failed=True), [], "UNAUTHENTICATED"),
+            (lp.RecordRewardRequest(trajectory_id="x" * 100_000, failed=True), md, "INVALID_ARGUMENT"),
+            (lp.RecordRewardRequest(trajectory_id=lost.lease.trajectory_id, reward={"reward": float("nan")}), md,
+             "INVALID_ARGUMENT"),
+        ):
+            with pytest.raises(grpc.RpcError) as exc:
+                s.RecordReward(req, metadata=meta)
+            assert exc.value.code().name == code
         after = status(s, md)
         assert after.accounting.failed.samples == 1 and after.settlement.admitted == st.settlement.admitted + 1
     finally:
