@@ -31,7 +31,12 @@ pytest.importorskip("megatron.core")
 from rollart_trainer.checkpoint import CheckpointManager, TrainerState  # noqa: E402
 from rollart_trainer.grpo import GrpoSettings  # noqa: E402
 from rollart_trainer.megatron import convert  # noqa: E402
-from rollart_trainer.megatron.backend import MegatronBackend, read_hf_tensors, read_layout  # noqa: E402
+from rollart_trainer.megatron.backend import (  # noqa: E402
+    MegatronBackend,
+    SafetensorsDir,
+    read_hf_tensors,
+    read_layout,
+)
 
 from .fsdp_worker import batch  # noqa: E402
 
@@ -93,6 +98,22 @@ def test_stages_split_and_rejoin_exactly(four_layer_model: Path, four_layer_tied
         copy = [r for r in last if r.tied_copy]
         assert [(r.megatron, r.hf) for r in copy] == [("output_layer.weight", ("model.embed_tokens.weight",))]
         assert torch.equal(stages[-1][0]["output_layer.weight"], stages[0][0]["embedding.word_embeddings.weight"])
+
+
+def test_a_stage_reads_only_its_own_tensors(four_layer_tied_model: Path) -> None:
+    """Loading stage 1 of 2 looks up its layers, the final norm and (tied) the embeddings for its output layer."""
+    layout = read_layout(four_layer_tied_model)
+    seen: list[str] = []
+
+    class Counting(SafetensorsDir):
+        def __getitem__(self, name: str):
+            seen.append(name)
+            return super().__getitem__(name)
+
+    shards = convert.hf_to_megatron(layout, Counting(four_layer_tied_model), 1, 0, 2, 1)
+    assert sorted(set(seen)) == sorted(n for r in convert.rules(layout, 2, 1) for n in r.hf)
+    assert not any(n.startswith(("model.layers.0.", "model.layers.1.")) for n in seen)
+    assert "output_layer.weight" in shards and "embedding.word_embeddings.weight" not in shards
 
 
 def test_a_stage_that_does_not_split_the_layers_is_refused(four_layer_model: Path) -> None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,19 +73,40 @@ def read_layout(model_path: str | Path) -> Qwen3Layout:
     return Qwen3Layout.from_hf_config(json.loads((Path(model_path) / "config.json").read_text()))
 
 
-def read_hf_tensors(model_path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint's safetensors files, as stored (dtype kept)."""
-    from safetensors import safe_open
+class SafetensorsDir(Mapping[str, torch.Tensor]):
+    """Every tensor of a checkpoint's safetensors files by name, read (as stored, dtype kept) when asked for.
 
-    files = sorted(Path(model_path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_path}: no *.safetensors files")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as fh:
-            for name in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                out[name] = fh.get_tensor(name)
-    return out
+    Its keys are the files' headers; a pipeline stage reads only its own layers' tensors, so no rank holds the
+    whole model in host memory while it loads.
+    """
+
+    def __init__(self, model_path: str | Path) -> None:
+        from safetensors import safe_open
+
+        files = sorted(Path(model_path).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{model_path}: no *.safetensors files")
+        self._file: dict[str, str] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as fh:
+                self._file.update(dict.fromkeys(fh.keys(), str(f)))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        with safe_open(self._file[name], framework="pt") as fh:
+            return fh.get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._file)
+
+    def __len__(self) -> int:
+        return len(self._file)
+
+
+def read_hf_tensors(model_path: str | Path) -> SafetensorsDir:
+    """The checkpoint's tensors by name (each read from disk when it is looked up)."""
+    return SafetensorsDir(model_path)
 
 
 def init_model_parallel(tp: int, pp: int = 1, device: str | None = None) -> torch.device:
