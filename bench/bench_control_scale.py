@@ -447,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += envmanager_rows(args, tmp)
         notes.append(
             "envmanager: one process, N concurrent loops of a cheap environment against a scripted proxy; "
-            "ops = turns, p50/p99 = turn time seen by the loop, CPU = the envmanager process's per turn."
+            "ops = turns, p50/p99 = gap between the end of a trajectory's generation and its next Generate call (the "
+            "loop's own per-turn time, queueing for CPU included), CPU = the envmanager process's per turn."
         )
     print()
     print(

@@ -14,6 +14,8 @@ actor protocol with a fixed timing model, no engine) to measure the proxy alone 
 tree's on PYTHONPATH) beside this tree's, in front of the same actor: the latency pairs become triples
 (direct, proxy, baseline proxy) in rotating order, so that both proxies see the same load.
 The proxies' CPU per latency turn (user + system, from /proc) is reported beside the latency.
+``--cpu-rounds N``: each proxy also serves 16 concurrent trajectories of 1-token turns, then of 64-token turns,
+N rounds alternating the proxies; its CPU per 1-chunk turn and per further chunk (median) are reported.
 
 1. Latency: ``--pairs`` sequential requests, each sent once directly to actor A and once through the proxy
    (which routes it to A), with the same prompt, alternating which goes first. Time to first token and to the
@@ -217,6 +219,42 @@ async def throughput(call, concurrency: int, turns: int, gen_tokens: int, ps: li
     }
 
 
+async def cpu_per_turn(stub, pid: int, tokens: int, turns: int, prompt: list[int]) -> float:
+    """CPU seconds of process ``pid`` per turn while 16 trajectories run ``turns`` turns each of ``tokens``."""
+
+    async def trajectory(t: int) -> None:
+        for k in range(turns):
+            async for _ in stub.Generate(
+                lp.TrajectoryGenerateRequest(
+                    trajectory_id=f"cpu-{tokens}-{t}-{time.monotonic_ns()}",
+                    turn=k,
+                    input=common_pb2.ModelInput(token_ids=prompt),
+                    sampling=sampling(tokens),
+                ),
+                metadata=MD,
+                timeout=600,
+            ):
+                pass
+
+    before = cpu_seconds(pid)
+    await asyncio.gather(*(trajectory(t) for t in range(16)))
+    return (cpu_seconds(pid) - before) / (16 * turns)
+
+
+async def cpu_rounds(args, proxies: dict[str, tuple]) -> dict:
+    prompt = prompts(1, args.prompt_tokens, 5)[0]
+    per: dict[str, dict[int, list[float]]] = {name: {1: [], 64: []} for name in proxies}
+    for _ in range(args.cpu_rounds):
+        for tokens, turns in ((1, 150), (64, 8)):
+            for name, (stub, pid) in proxies.items():
+                per[name][tokens].append(await cpu_per_turn(stub, pid, tokens, turns, prompt))
+    out = {}
+    for name, r in per.items():
+        turn, long = float(np.median(r[1])), float(np.median(r[64]))
+        out[name] = {"cpu_ms_per_turn": turn * 1e3, "cpu_us_per_further_chunk": (long - turn) / 63 * 1e6}
+    return out
+
+
 async def run(args, infos: dict) -> dict:
     actor_ch = aio.insecure_channel(infos["actor-a"]["address"])
     proxy_ch = aio.insecure_channel(infos["llmproxy"]["address"])
@@ -308,6 +346,9 @@ async def run(args, infos: dict) -> dict:
     def proxy_chunked(i: int, p: list[int]):
         return proxy_call(i, p, args.chunk_tokens)
 
+    if args.cpu_rounds:
+        results["cpu"] = await cpu_rounds(args, {"proxy": (proxy, infos["llmproxy"]["pid"]), **others})
+        print(f"cpu: {json.dumps(results['cpu'])}", flush=True)
     if args.latency_only:
         await actor_ch.close()
         await proxy_ch.close()
@@ -361,6 +402,12 @@ def table(res: dict, args) -> str:
     if cpu_rows:
         lines += ["", "| request | proxy | proxy CPU ms per turn |", "|---|---|---:|"]
         lines += [f"| {args.prompt_tokens} in / {mt} out | {who} | {ms:.3f} |" for mt, who, ms in cpu_rows]
+    if "cpu" in res:
+        lines += ["", "| proxy | CPU ms per 1-chunk turn | CPU µs per further chunk |", "|---|---:|---:|"]
+        lines += [
+            f"| {who} | {r['cpu_ms_per_turn']:.3f} | {r['cpu_us_per_further_chunk']:.1f} |"
+            for who, r in res["cpu"].items()
+        ]
     if "tput_direct_a" not in res:
         return "\n".join(lines)
     base = res["tput_direct_a"]["tokens_per_s"]
@@ -404,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sim-token-ms", type=float, default=8.0, help="--sim: time per further token")
     parser.add_argument("--baseline-ref", default="", help="git ref whose proxy runs beside this tree's (latency)")
     parser.add_argument("--latency-only", action="store_true", help="skip the throughput rounds")
+    parser.add_argument("--cpu-rounds", type=int, default=0, help="rounds of the proxies' CPU per turn and chunk")
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-llmproxy-"))
     model = args.model
