@@ -27,7 +27,8 @@ def _pair(n: int, density: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray
 
 @needs_numba
 @pytest.mark.parametrize("density", [0.0, 1e-5, 0.01, 0.05, 0.15])
-@pytest.mark.parametrize("n", [kernels.MIN_ELEMENTS, kernels.MIN_ELEMENTS * 5 + 3])  # with a tail of 3
+# Whole 64-byte lines only; a tail of 3 elements after the last word; 5 words after the last whole line.
+@pytest.mark.parametrize("n", [kernels.MIN_ELEMENTS, kernels.MIN_ELEMENTS * 5 + 3, kernels.MIN_ELEMENTS + 23])
 def test_scan_matches_numpy(n: int, density: float) -> None:
     a, b = _pair(n, density)
     got = kernels.scan_changed(a, b)
