@@ -298,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.py_spy and last:
                     raw = tmp / "ledger.pyspy.txt"
                     spy = subprocess.Popen(
-                        [str(args.py_spy), "record", "--pid", str(ledger_pid), "--format", "raw", "--rate", "200", "--native",
-                         "--duration", str(int(args.seconds)), "--output", str(raw)],
+                        [str(args.py_spy), "record", "--pid", str(ledger_pid), "--format", "raw", "--rate", "200",
+                         "--duration", str(int(args.seconds)), "--output", str(raw), "--nonblocking"],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                     )  # fmt: skip
                 c0 = (proc_cpu_s(ledger_pid), redis_cpu_s(r), proc_cpu_s(me), time.monotonic())
