@@ -46,7 +46,22 @@ def _compile() -> dict[str, Any]:
     jit = numba.njit(nogil=True, boundscheck=False, cache=True)
 
     @jit
-    def scan16(a, b, w, stop, pos, vals, k):  # type: ignore[no-untyped-def]
+    def split_lanes(a, b, changed, m, pos, vals, k):
+        # Pass 2 of both scans: the m changed words listed in `changed` split into their 4 lanes, branch-free
+        # (every lane is written, the count moves only for a changed one).
+        for t in range(m):
+            j = changed[t]
+            x = a[j] ^ b[j]
+            nb = b[j]
+            base = j * 4
+            for lane in range(4):
+                pos[k] = base + lane
+                vals[k] = (nb >> (16 * lane)) & 0xFFFF
+                k += ((x >> (16 * lane)) & 0xFFFF) != 0
+        return k
+
+    @jit
+    def scan16(a, b, w, stop, pos, vals, k):
         # a, b: the two tensors as uint64 words (4 bf16/fp16 lanes each), in blocks of B words. Pass 1 lists
         # the block's changed words without a branch (every word is written, the count moves on change);
         # pass 2 splits only those into lanes, branch-free as well. A branch per word would mispredict at
@@ -60,20 +75,12 @@ def _compile() -> dict[str, Any]:
             for j in range(w, e):
                 changed[m] = j
                 m += a[j] != b[j]
-            for t in range(m):
-                j = changed[t]
-                x = a[j] ^ b[j]
-                nb = b[j]
-                base = j * 4
-                for lane in range(4):
-                    pos[k] = base + lane
-                    vals[k] = (nb >> (16 * lane)) & 0xFFFF
-                    k += ((x >> (16 * lane)) & 0xFFFF) != 0
+            k = split_lanes(a, b, changed, m, pos, vals, k)
             w = e
         return w, k
 
     @jit
-    def scan16_sparse(a, b, w, stop, pos, vals, k):  # type: ignore[no-untyped-def]
+    def scan16_sparse(a, b, w, stop, pos, vals, k):
         # scan16 for a few changes (<= SPARSE_FRACTION): first one vectorised OR over each 64-byte line of
         # 8 words, and only a line holding a change goes through pass 1 (-23% CPU at 1% changed).
         B = 2048
@@ -95,20 +102,12 @@ def _compile() -> dict[str, Any]:
             for t in range(j, e):
                 changed[m] = t
                 m += a[t] != b[t]
-            for t in range(m):
-                jj = changed[t]
-                x = a[jj] ^ b[jj]
-                nb = b[jj]
-                base = jj * 4
-                for lane in range(4):
-                    pos[k] = base + lane
-                    vals[k] = (nb >> (16 * lane)) & 0xFFFF
-                    k += ((x >> (16 * lane)) & 0xFFFF) != 0
+            k = split_lanes(a, b, changed, m, pos, vals, k)
             w = e
         return w, k
 
     @jit
-    def leb_gaps(idx, stream, ends):  # type: ignore[no-untyped-def]
+    def leb_gaps(idx, stream, ends):
         # LEB128 of idx[g+1] - idx[g]; ends[g + 1] = end offset of gap g in the stream (ends[0] = 0).
         o = 0
         for g in range(idx.size - 1):
