@@ -482,7 +482,11 @@ class LedgerScripts:
         of the action tokens, None when the trajectory has no tokens; ``version_hashes`` maps every reported
         version to its hash; ``generated_tokens`` (its action tokens) goes into the generation accounting with
         its fate."""
-        return _verdict(await self._run("submit", _submit_args(Submission(**kw))))
+        return await self.settle(Submission(**kw))
+
+    async def settle(self, submission: Submission) -> Verdict:
+        """:meth:`submit` of one :class:`Submission`."""
+        return _verdict(await self._run("submit", _submit_args(submission)))
 
     async def submit_many(self, submissions: Sequence[Submission]) -> list[Verdict | LedgerError]:
         """:meth:`submit` for each result, in order, in one round trip: each settled on its own (its own atomic

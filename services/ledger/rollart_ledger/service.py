@@ -10,7 +10,6 @@ model.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import math
@@ -94,11 +93,6 @@ def _check_id(name: str, value: str, required: bool = True) -> None:
 
 def _check_duration(name: str, d: Any) -> float:
     return timeutil.checked_duration(name, d)
-
-
-def vars_of(x: Any) -> dict[str, Any]:
-    """A dataclass's fields as keyword arguments (shallow: the values themselves, not copies)."""
-    return {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
 
 
 def _retry_after(got: Acquired) -> Any:
@@ -968,7 +962,7 @@ class LedgerService(lg.LedgerServicer):
 
     @handler
     async def Submit(self, request: lp.SubmitRequest, context: aio.ServicerContext) -> lp.SubmitResponse:
-        verdict = await self.scripts.submit(**vars_of(self._submission(request)))
+        verdict = await self.scripts.settle(self._submission(request))
         if not verdict.duplicate:
             self.signal.fire()
         return self._submit_response(verdict)
