@@ -62,6 +62,7 @@ class Env:
     rm: rm_grpc.ResourceManagerStub
     ledger: ledger_pb2_grpc.LedgerStub
     channels: list = field(default_factory=list)
+    proxy_info: dict = field(default_factory=dict)  # the proxy's ready file (metrics_port)
 
 
 def actor_env(model: Path, cache: Path, store: Path, role: str, **extra: str) -> dict[str, str]:
@@ -109,9 +110,10 @@ def env(tmp_path_factory: pytest.TempPathFactory):
         )
         common = dict(ROLLART_RESOURCE_MANAGER=rm_info["address"], ROLLART_LEDGER=lg_info["address"])
         infos, logs = {}, {}
-        for aid, pool, tags, role in (
-            (A, "cpu-a", "[compute]", "kv_producer"),
-            (B, "cpu-b", "[decode]", "kv_consumer"),
+        # The two pools declare the two GPU kinds (labels on CPU engines: what auto affinity routes by).
+        for aid, pool, kind, tags, role in (
+            (A, "cpu-a", "gpu-compute", "[compute]", "kv_producer"),
+            (B, "cpu-b", "gpu-bandwidth", "[decode]", "kv_consumer"),
         ):
             proc, info = services.start(
                 "actor",
@@ -124,6 +126,7 @@ def env(tmp_path_factory: pytest.TempPathFactory):
                     role,
                     ROLLART_ACTOR_ID=aid,
                     ROLLART_POOL=pool,
+                    ROLLART_POOL_KIND=kind,
                     ROLLART_HARDWARE__TAGS=tags,
                     **common,
                 ),
@@ -155,6 +158,7 @@ def env(tmp_path_factory: pytest.TempPathFactory):
             rm=rm_grpc.ResourceManagerStub(chans[1]),
             ledger=ledger_pb2_grpc.LedgerStub(chans[2]),
             channels=chans + list(actor_chans.values()),
+            proxy_info=px,
         )
         deadline = time.monotonic() + 60
         while True:  # discovered through the resource manager, polled ready
@@ -531,6 +535,34 @@ def test_step_plans_from_the_ledger_reach_the_proxy(env: Env) -> None:
     assert st.version_window.min_version == 0  # v0 - alpha, floored at 0
 
 
+def profiles(e: Env) -> dict[str, lp.TaskProfile]:
+    return {p.task: p for p in e.proxy.GetAffinity(lp.GetAffinityRequest(), metadata=MD, timeout=10).profiles}
+
+
+def test_auto_affinity_classifies_tasks_and_routes_them_by_kind(env: Env) -> None:
+    env.proxy.SetAffinity(
+        lp.SetAffinityRequest(rules=[lp.AffinityRule(task="*", auto=True, allow_fallback=True)]),
+        metadata=MD,
+        timeout=10,
+    )
+    assert actors(env)[A].hardware.tags[-1] == "kind:gpu-compute"  # declared at registration
+    # "ctx": long fresh prompts, one token each (prefill-heavy); "gen": two-token prompts, long answers.
+    for i in range(8):  # min_turns: unclassified until then (any actor)
+        prompt = [(7 * i + j) % 500 + 10 for j in range(400)]
+        assert gen(env, turn(f"ctx-{i}", prompt, n=1, task="ctx")).error is None
+        assert gen(env, turn(f"gen-{i}", [20 + i, 21], n=48, task="gen")).error is None
+    p = profiles(env)
+    assert p["ctx"].profile == "prefill-heavy" and p["ctx"].kind == common_pb2.POOL_KIND_GPU_COMPUTE
+    assert p["gen"].profile == "decode-heavy" and p["gen"].kind == common_pb2.POOL_KIND_GPU_BANDWIDTH
+    assert p["gen"].decode_tokens_per_turn == 48 and p["gen"].turns_per_trajectory == 1
+    for i in range(3):
+        r = gen(env, turn(f"ctx-new-{i}", [(11 * i + j) % 500 + 10 for j in range(400)], n=1, task="ctx"))
+        assert r.error is None and r.route.actor_id == A and r.route.pool == "cpu-a"
+        r = gen(env, turn(f"gen-new-{i}", [30 + i, 31], n=8, task="gen"))
+        assert r.error is None and r.route.actor_id == B and r.route.pool == "cpu-b"
+    env.proxy.SetAffinity(lp.SetAffinityRequest(rules=[]), metadata=MD, timeout=10)
+
+
 def test_actor_hung_under_load_has_its_turns_cut_within_the_bound_and_comes_back(env: Env) -> None:
     """SIGSTOP (alive, connections open, answering nothing): the proxy's hang bound (hung_after 5 s + status
     timeout 2 s + poll 0.3 s here) cuts its streaming turns (retryable, resent elsewhere by the envmanager), new
@@ -596,3 +628,32 @@ def test_actor_sigkilled_under_load(env: Env) -> None:
     assert st.actor_failures >= len(on_b)
     b = actors(env).get(B)
     assert b is None or b.state == lp.PROXY_ACTOR_STATE_UNHEALTHY  # unhealthy, or gone once its lease expired
+
+
+def test_a_dead_pool_s_auto_task_moves_to_the_fallback_and_says_so(env: Env) -> None:
+    # B, the only actor of the bandwidth kind, was SIGKILLed above; "gen" stays decode-heavy (its profile is
+    # kept), so its turns go to the compute-kind pool as fallback, counted in its profile.
+    env.proxy.SetAffinity(
+        lp.SetAffinityRequest(rules=[lp.AffinityRule(task="*", auto=True, allow_fallback=True)]),
+        metadata=MD,
+        timeout=10,
+    )
+    before = profiles(env)["gen"].fallback_turns
+    for i in range(3):
+        r = gen(env, turn(f"gen-after-{i}", [40 + i, 41], n=8, task="gen"))
+        assert r.error is None and r.route.actor_id == A and r.route.reason == lp.ROUTE_REASON_FALLBACK
+    p = profiles(env)["gen"]
+    assert p.profile == "decode-heavy" and p.fallback_turns == before + 3
+    assert p.last_fallback == "no usable actor in scope"
+    metrics = (
+        urllib.request.urlopen(f"http://127.0.0.1:{env.proxy_info['metrics_port']}/metrics", timeout=10).read().decode()
+    )
+    assert 'rollart_llmproxy_affinity_fallback_turns_total{profile="decode-heavy",why="no_actor"}' in metrics
+    # Without fallback the task is refused while its kind is gone (retryable: the kind may come back).
+    env.proxy.SetAffinity(
+        lp.SetAffinityRequest(rules=[lp.AffinityRule(task="*", auto=True, allow_fallback=False)]),
+        metadata=MD,
+        timeout=10,
+    )
+    r = gen(env, turn("gen-nofallback", [50, 51], n=4, task="gen"), timeout=30)
+    assert r.error is not None and r.error.code() == grpc.StatusCode.UNAVAILABLE
