@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -79,6 +80,7 @@ from rollart.v1 import (
 
 from . import tasks
 from .config import TrainerConfig
+from .ranks import RankFailed
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +258,7 @@ class JobRunner:
         self.cfg = cfg
         self.settings = Settings.from_spec(spec, cfg)
         self.emit = emit
-        self._backend_factory = backend_factory or _make_backend
+        self._backend_factory = backend_factory or functools.partial(_make_backend, torch_threads=cfg.torch_threads)
         self.job = T.TrainerJob(spec=spec, state=T.TRAINER_JOB_STATE_STARTING, latest_published_version=-1)
         self.job.started_at.CopyFrom(_ts())
         self.job.updated_at.CopyFrom(_ts())
@@ -326,6 +328,9 @@ class JobRunner:
         except JobError as exc:
             log.error("job failed: %s", exc)
             self._set_state(T.TRAINER_JOB_STATE_FAILED, f"{exc.code}: {exc}")
+        except RankFailed as exc:  # a follower rank died: the message names it; the next StartJob resumes
+            log.error("job failed: %s", exc)
+            self._set_state(T.TRAINER_JOB_STATE_FAILED, f"ABORTED: {exc}")
         except aio.AioRpcError as exc:
             log.exception("job failed")
             self._set_state(T.TRAINER_JOB_STATE_FAILED, f"{exc.code().name}: {exc.details()}")
@@ -358,6 +363,10 @@ class JobRunner:
                 await self.publisher.stop()
         if self.peers is not None:
             await self.peers.close()
+        close = getattr(self.backend, "close", None)  # a multi-rank backend: stop the follower ranks
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(close)
         self.job.phase = T.STEP_PHASE_IDLE
 
     # ------------------------------------------------------------------------------------------- setup
@@ -1092,7 +1101,7 @@ class JobRunner:
         return out
 
 
-def _make_backend(spec: T.TrainerJobSpec) -> Any:
+def _make_backend(spec: T.TrainerJobSpec, torch_threads: int = 1) -> Any:
     from .backends import make_backend
     from .grpo import GrpoSettings
 
@@ -1104,4 +1113,14 @@ def _make_backend(spec: T.TrainerJobSpec) -> Any:
             "tensor_parallel_size": spec.parallel.tensor_parallel_size or 1,
             "pipeline_parallel_size": spec.parallel.pipeline_parallel_size or 1,
         }
+    world = parallel.get("tensor_parallel_size", 1) * parallel.get("pipeline_parallel_size", 1)
+    if world > 1:
+        # Rank 0 here; the other ranks are processes this trainer starts (rollart_trainer.ranks).
+        from .ranks import MirroredBackend
+
+        return MirroredBackend.build(
+            world,
+            {"kind": kind, "model_path": spec.model, "settings": settings, "device": spec.device or None, **parallel},
+            torch_threads=torch_threads,
+        )
     return make_backend(kind, spec.model, settings, device=spec.device or None, **parallel)

@@ -103,8 +103,6 @@ def megatron_available() -> bool:
 
 def _parallel(spec: T.TrainerJobSpec) -> None:
     """The model-parallel layout: only the Megatron backend splits a model, and only in ways the model allows."""
-    import os
-
     p = "spec.parallel."
     tp = v.integer(p + "tensor_parallel_size", spec.parallel.tensor_parallel_size, 0, MAX_PARALLEL) or 1
     pp = v.integer(p + "pipeline_parallel_size", spec.parallel.pipeline_parallel_size, 0, MAX_PARALLEL) or 1
@@ -128,13 +126,32 @@ def _parallel(spec: T.TrainerJobSpec) -> None:
         raise errors.InvalidArgument("spec.model", f"not convertible to Megatron: {errors.shorten(str(exc))}") from None
     for which, why in layout.parallel_errors(tp, pp):
         raise errors.InvalidArgument(p + which, why)
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if tp * pp != world:  # every rank is one tensor-parallel rank of one stage (no data parallelism)
+    # The trainer starts tp x pp ranks itself (rollart_trainer.ranks), one CPU core or one GPU each.
+    world, (have, what) = tp * pp, _rank_capacity(spec.device)
+    if world > have:
         raise errors.InvalidArgument(
             p + ("pipeline_parallel_size" if pp > 1 else "tensor_parallel_size"),
-            f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {tp * pp} ranks needed,"
-            f" the trainer runs {world} (torchrun's world size)",
+            f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {world} ranks, more than the {have} {what}"
+            " this trainer has (one rank each)",
         )
+
+
+def _rank_capacity(device: str) -> tuple[int, str]:
+    """(how many ranks this host can run, of what): GPUs when the job runs on CUDA, else usable CPU cores."""
+    import os
+
+    if not device or device == "auto" or device.startswith("cuda"):
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return torch.cuda.device_count(), "GPUs"
+        except ImportError:
+            pass
+    try:
+        return len(os.sched_getaffinity(0)), "CPU cores"
+    except AttributeError:
+        return os.cpu_count() or 1, "CPU cores"
 
 
 def _sampling(s: common_pb2.SamplingParams) -> None:

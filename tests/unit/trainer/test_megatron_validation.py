@@ -11,6 +11,7 @@ import pytest
 
 from rollart.job.spec import job_spec
 from rollart.runtime import errors
+from rollart_trainer import validators
 from rollart_trainer.validators import check_spec
 
 from .test_megatron_convert import QWEN3_0_6B
@@ -28,6 +29,11 @@ def qwen3(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def cores(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """The trainer host has ``n`` CPU cores (one rank each)."""
+    monkeypatch.setattr(validators, "_rank_capacity", lambda device: (n, "CPU cores"))
+
+
 def field_of(s) -> str:
     with pytest.raises(errors.InvalidArgument) as exc:
         check_spec(s)
@@ -37,31 +43,33 @@ def field_of(s) -> str:
 def test_a_layout_the_model_takes_passes(qwen3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("megatron.core")
     check_spec(spec(qwen3))
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    cores(monkeypatch, 2)
     check_spec(spec(qwen3, parallel={"tensor_parallel_size": 2}))
     check_spec(spec(qwen3, parallel={"pipeline_parallel_size": 2}))  # 28 layers, 14 per stage
-    monkeypatch.setenv("WORLD_SIZE", "8")
+    cores(monkeypatch, 8)
     check_spec(spec(qwen3, parallel={"tensor_parallel_size": 2, "pipeline_parallel_size": 4}))
 
 
 def test_bad_layouts_name_the_field(qwen3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("megatron.core")
-    monkeypatch.setenv("WORLD_SIZE", "3")
+    cores(monkeypatch, 3)
     msg = field_of(spec(qwen3, parallel={"tensor_parallel_size": 3}))
     assert msg.startswith("spec.parallel.tensor_parallel_size") and "heads (16)" in msg
     msg = field_of(spec(qwen3, parallel={"pipeline_parallel_size": 3}))
     assert msg.startswith("spec.parallel.pipeline_parallel_size") and "28 layers" in msg
     msg = field_of(spec(qwen3, parallel={"pipeline_parallel_size": 8}))  # 28 layers: 3.5 per stage
     assert msg.startswith("spec.parallel.pipeline_parallel_size") and "28 layers are not divisible by 8" in msg
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    msg = field_of(spec(qwen3, parallel={"tensor_parallel_size": 2}))  # the trainer has one rank
-    assert msg.startswith("spec.parallel.tensor_parallel_size") and "ranks" in msg
-    # Stages x tensor-parallel ranks must be the world: more or fewer ranks are refused, naming the stages.
-    monkeypatch.setenv("WORLD_SIZE", "4")
+    cores(monkeypatch, 1)
+    msg = field_of(spec(qwen3, parallel={"tensor_parallel_size": 2}))  # one core: no room for a second rank
+    assert msg.startswith("spec.parallel.tensor_parallel_size") and "= 2 ranks, more than the 1 CPU cores" in msg
+    # The trainer starts stages x tensor-parallel ranks itself, one core (or GPU) each: more are refused.
+    cores(monkeypatch, 4)
     msg = field_of(spec(qwen3, parallel={"tensor_parallel_size": 4, "pipeline_parallel_size": 2}))
-    assert msg.startswith("spec.parallel.pipeline_parallel_size") and "= 8 ranks needed" in msg and "runs 4" in msg
-    msg = field_of(spec(qwen3, parallel={"pipeline_parallel_size": 2}))
-    assert msg.startswith("spec.parallel.pipeline_parallel_size") and "= 2 ranks needed" in msg
+    assert msg.startswith("spec.parallel.pipeline_parallel_size") and "= 8 ranks, more than the 4" in msg
+    check_spec(spec(qwen3, parallel={"pipeline_parallel_size": 2}))  # fewer ranks than cores is fine
+    monkeypatch.setattr(validators, "_rank_capacity", lambda device: (1, "GPUs"))
+    msg = field_of(spec(qwen3, device="cuda", parallel={"pipeline_parallel_size": 2}))
+    assert msg.startswith("spec.parallel.pipeline_parallel_size") and "1 GPUs" in msg
     assert field_of(spec(qwen3, parallel={"pipeline_parallel_size": -2})).startswith(
         "spec.parallel.pipeline_parallel_size"
     )
