@@ -162,21 +162,28 @@ async def drive(cluster: Cluster, loops: int, seconds: float, episode_s: float, 
         return Authed()
 
     batcher = LedgerBatcher(source)
-    ramp = min(episode_s * 1.5, 3.0)
-    t_start = time.monotonic()
-    t_measure = t_start + ramp
-    t_stop = t_measure + seconds
+    # The window opens once the loops are past their first cycle (every loop settled once on average: with
+    # thousands of loops the first wave of acquires alone takes seconds), so it sees the steady state.
+    inf = float("inf")
+    window = {"start": inf, "stop": inf}
+    completed = 0
+
+    def measuring() -> bool:
+        return window["start"] <= time.monotonic() <= window["stop"]
+
+    def running() -> bool:
+        return time.monotonic() < window["stop"]
     op_ms: list[float] = []
     hb_ms: list[float] = []
     counter = iter(range(10**9))
     ops = heartbeats = 0
 
     async def loop(i: int) -> None:
-        nonlocal ops
+        nonlocal ops, completed
         holder = f"em/{loops}/{i}"
         rng = random.Random(i)
         await asyncio.sleep(rng.uniform(0, episode_s))  # loops do not start in lockstep
-        while time.monotonic() < t_stop:
+        while running():
             t0 = time.perf_counter()
             try:
                 resp = await batcher.acquire(lp.AcquireLeasesRequest(holder=holder), wait=1.0, timeout=60)
@@ -194,7 +201,8 @@ async def drive(cluster: Cluster, loops: int, seconds: float, episode_s: float, 
             except grpc.aio.AioRpcError:
                 continue
             t3 = time.perf_counter()
-            if t_measure <= time.monotonic() <= t_stop and verdict.admitted:
+            completed += verdict.admitted
+            if measuring() and verdict.admitted:
                 ops += 1
                 op_ms.append((t1 - t0 + t3 - t2) * 1000)
 
@@ -202,11 +210,11 @@ async def drive(cluster: Cluster, loops: int, seconds: float, episode_s: float, 
         nonlocal heartbeats
         assert heartbeat_s is not None
         await asyncio.sleep(rng.uniform(0, heartbeat_s))
-        while time.monotonic() < t_stop:
+        while running():
             t0 = time.perf_counter()
             await stub.ActorHeartbeat(lp.ActorHeartbeatRequest(actor_id=a, weights=weights(cluster.version),
                                                                 observed_tokens_per_s=100.0), metadata=MD)
-            if t_measure <= time.monotonic() <= t_stop:
+            if measuring():
                 heartbeats += 1
                 hb_ms.append((time.perf_counter() - t0) * 1000)
             await asyncio.sleep(heartbeat_s)
@@ -214,7 +222,9 @@ async def drive(cluster: Cluster, loops: int, seconds: float, episode_s: float, 
     plans: list[float] = []
 
     async def planner() -> None:
-        await asyncio.sleep(ramp + seconds / 2)
+        while window["start"] == inf:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(seconds / 2)
         for _ in range(2):
             try:
                 plans.append(await plan_next(stub, cluster, actors))
@@ -226,12 +236,18 @@ async def drive(cluster: Cluster, loops: int, seconds: float, episode_s: float, 
     if heartbeat_s is not None:
         tasks += [asyncio.create_task(actor_beats(a, rng)) for a in actors]
     tasks.append(asyncio.create_task(planner()))
-    await asyncio.sleep(ramp)
+    t_ramp = time.monotonic()
+    await asyncio.sleep(min(episode_s * 1.5, 3.0))
+    while completed < loops and time.monotonic() - t_ramp < 120:
+        await asyncio.sleep(0.1)
+    ramp_s = time.monotonic() - t_ramp
+    window["start"] = time.monotonic()
     c0, m0, me0 = cluster.cpu(), cluster.memory(), proc_cpu_s(os.getpid())
     seq0 = int(cluster.redis.get(b"rollart:ledger:lease:seq") or 0)
     await asyncio.sleep(seconds)
     c1, m1, me1 = cluster.cpu(), cluster.memory(), proc_cpu_s(os.getpid())
     seq1 = int(cluster.redis.get(b"rollart:ledger:lease:seq") or 0)
+    window["stop"] = time.monotonic()
     await asyncio.gather(*tasks, return_exceptions=True)
     rpcs = batcher.acquires.batches + batcher.submits.batches
     await batcher.close()
@@ -241,7 +257,7 @@ async def drive(cluster: Cluster, loops: int, seconds: float, episode_s: float, 
         "ops": ops, "heartbeats": heartbeats, "served": served, "seconds": seconds,
         "op_ms": op_ms, "hb_ms": hb_ms, "plans": plans, "rpcs": rpcs,
         "ledger_cpu": c1[0] - c0[0], "redis_cpu": c1[1] - c0[1], "client_cpu": me1 - me0,
-        "mem": m1 - m0, "leases": seq1 - seq0,
+        "mem": m1 - m0, "leases": seq1 - seq0, "ramp_s": ramp_s,
     }  # fmt: skip
 
 
@@ -262,6 +278,7 @@ def row(dimension: str, n: int, r: dict, offered: float | None) -> dict:
         "rpcs_per_settle_op": r["rpcs"] / max(r["ops"], 1),
         "redis_kb_per_1000_leases": r["mem"] / 1024 / max(r["leases"], 1) * 1000,
         "plan_step_ms": min(r["plans"]) if r["plans"] else float("nan"),
+        "ramp_seconds": r["ramp_s"],
         "load_avg": os.getloadavg()[0],
     }
     if offered is not None:
