@@ -14,8 +14,8 @@ from typing import Any
 from grpc import aio
 
 from rollart.discovery import resource_manager_channel
-from rollart.runtime.auth import bearer, channel_credentials
-from rollart.runtime.client import CHANNEL_OPTIONS, channel
+from rollart.runtime.auth import bearer
+from rollart.runtime.client import bare_channel, channel
 from rollart.runtime.telemetry import inject_metadata
 from rollart.v1 import ledger_pb2_grpc, llmproxy_pb2_grpc, reward_pb2_grpc
 from rollart.v1 import resource_manager_pb2 as rm
@@ -82,24 +82,17 @@ class Peer:
         call = self._streams.get(method)
         if call is None:
             if self._bare is None:
-                opts = [*(o for o in CHANNEL_OPTIONS if o[0] != "grpc.enable_retries"), ("grpc.enable_retries", 0)]
-                creds = channel_credentials(self.cfg.tls)
                 assert self.address is not None
-                if creds is not None:
-                    if self.cfg.tls is not None and self.cfg.tls.server_name:
-                        opts.append(("grpc.ssl_target_name_override", self.cfg.tls.server_name))
-                    self._bare = aio.secure_channel(self.address, creds, options=opts)
-                else:
-                    self._bare = aio.insecure_channel(self.address, options=opts)
+                self._bare = bare_channel(self.address, self.cfg.tls)
             call = self._streams[method] = self._bare.unary_stream(
                 method, request_serializer=request_serializer, response_deserializer=response_deserializer
             )
         return call
 
-    def metadata(self) -> list[tuple[str, str]]:
+    def metadata(self) -> list[tuple[str, str | bytes]]:
         """What the client interceptors add to a call: the job token, the current trace context and baggage."""
         token = self.cfg.token()
-        md = [bearer(token)] if token is not None else []
+        md: list[tuple[str, str | bytes]] = [bearer(token)] if token is not None else []
         inject_metadata(md)
         return md
 

@@ -24,8 +24,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from rollart.runtime import errors, ids
-from rollart.runtime.auth import bearer, channel_credentials
-from rollart.runtime.client import CHANNEL_OPTIONS, channel
+from rollart.runtime.auth import bearer
+from rollart.runtime.client import bare_channel, channel
 from rollart.runtime.telemetry import inject_metadata, log_fields, trajectory_scope
 from rollart.runtime.telemetry import tracer as _tracer
 from rollart.runtime.timeutil import duration as _dur
@@ -188,15 +188,9 @@ class ActorClient:
         self.stub = actor_pb2_grpc.ActorStub(self.channel)
         self.auth: tuple[tuple[str, str], ...] = (bearer(token),) if token is not None else ()
         # No retry machinery on this channel: Generate is never retried by gRPC (the proxy routes a failed turn
-        # again itself), and the retry filter costs ~0.1 ms of CPU per call (measured, bench_control_scale).
-        opts = [*(o for o in CHANNEL_OPTIONS if o[0] != "grpc.enable_retries"), ("grpc.enable_retries", 0)]
-        creds = channel_credentials(cfg.tls)
-        if creds is not None:
-            if cfg.tls is not None and cfg.tls.server_name:
-                opts.append(("grpc.ssl_target_name_override", cfg.tls.server_name))
-            self.stream_channel = aio.secure_channel(endpoint, creds, options=opts)
-        else:
-            self.stream_channel = aio.insecure_channel(endpoint, options=opts)
+        # again itself).
+        self.stream_channel = bare_channel(endpoint, cfg.tls)
+        self.generate: aio.UnaryStreamMultiCallable[actor_pb2.ActorGenerateRequest, bytes]
         self.generate = self.stream_channel.unary_stream(
             GENERATE_METHOD,
             request_serializer=actor_pb2.ActorGenerateRequest.SerializeToString,
@@ -1148,7 +1142,7 @@ class Proxy:
             raise TurnError(grpc.StatusCode.DEADLINE_EXCEEDED, "the turn's deadline passed")
         # What the client interceptors of rollart.runtime.client add, inline (see ActorClient): the job token,
         # the trace context and the trajectory as baggage; a client span only when the turn's span is recorded.
-        metadata = list(client.auth)
+        metadata: list[tuple[str, str | bytes]] = list(client.auth)
         span = None
         if trace.get_current_span().is_recording():
             span = self.tracer.start_span(GENERATE_METHOD, kind=SpanKind.CLIENT)

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 def _wire(response: bytes | lp.TrajectoryGenerateResponse) -> bytes:
     """Generate's response serializer: forwarded responses arrive already encoded (``Proxy.generate_wire``)."""
-    return response if type(response) is bytes else response.SerializeToString()
+    return response if isinstance(response, bytes) else response.SerializeToString()
 
 
 class _Handlers:
@@ -67,6 +67,7 @@ class LLMProxyService(lg.LLMProxyServicer):
         table = _Handlers()
         lg.add_LLMProxyServicer_to_server(self, table)
         generate = table.handlers["Generate"]
+        assert generate.unary_stream is not None
         table.handlers["Generate"] = grpc.unary_stream_rpc_method_handler(
             generate.unary_stream, request_deserializer=generate.request_deserializer, response_serializer=_wire
         )
@@ -138,7 +139,7 @@ class LLMProxyService(lg.LLMProxyServicer):
 
     async def Generate(
         self, request: lp.TrajectoryGenerateRequest, context: aio.ServicerContext
-    ) -> AsyncIterator[lp.TrajectoryGenerateResponse]:
+    ) -> AsyncIterator[bytes | lp.TrajectoryGenerateResponse]:
         # A failed turn raises TurnError: the server's handler wrapper ends the stream with its status.
         # Encoded responses: the actor's chunks are forwarded as received (see _wire).
         async with aclosing(self.p.generate_wire(request, context.time_remaining())) as gen:
