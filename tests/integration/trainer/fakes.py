@@ -130,8 +130,12 @@ class ScriptedRollout:
         delay: float = 0.02,
         tasks: tuple[str, ...] = (),
         rewards: dict[str, float] | None = None,
+        seed_by_sample: bool = False,
     ) -> None:
         self.ch = channel(ledger, token=token, default_timeout=15.0)
+        # Tokens drawn from the sample's (prompt id, index), not the loop's stream: two runs of one job get the
+        # same trajectories whichever loop leases which sample.
+        self.seed_by_sample = seed_by_sample
         self.ledger = ledger_pb2_grpc.LedgerStub(self.ch)
         self.actor = actor
         self.vocab = vocab
@@ -172,7 +176,8 @@ class ScriptedRollout:
                     )
                 )
                 for lease in resp.leases:
-                    await self._episode(rng, holder, lease)
+                    r = random.Random(f"{lease.prompt.prompt_id}/{lease.sample_index}") if self.seed_by_sample else rng
+                    await self._episode(r, holder, lease)
                 if not resp.leases:
                     await asyncio.sleep(0.05)
             except asyncio.CancelledError:
