@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,34 @@ class Cluster:
                 out.append(f"--- {name} ({health})\n{text}")
         return "\n".join(out)
 
+    def kill_service_process(self, service: str) -> int:
+        """SIGKILL the service's own process (the child of the container's init), as a crash would: the
+        container exits non-zero and its restart policy brings it back (``docker kill`` would count as a
+        manual stop). Returns the restart count before the kill."""
+        c = self.containers()[service]
+        init_pid = c["State"]["Pid"]
+        children = Path(f"/proc/{init_pid}/task/{init_pid}/children").read_text().split()
+        if not children:
+            raise SmokeFailure(f"{service}: no process under the container's init (pid {init_pid})")
+        for pid in children:
+            os.kill(int(pid), signal.SIGKILL)
+        return int(c["RestartCount"])
+
+    def wait_restarted(self, service: str, restarts_before: int, timeout: float) -> float:
+        """Until ``service`` has been restarted by its policy and is healthy again; the seconds it took."""
+        t0 = time.monotonic()
+        while True:
+            c = self.containers()[service]
+            health = c["State"].get("Health", {}).get("Status")
+            if int(c["RestartCount"]) > restarts_before and health == "healthy":
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > timeout:
+                logs = self("logs", "--no-color", "--tail", "20", service, check=False).stdout
+                raise SmokeFailure(
+                    f"{service} not back after {timeout:.0f}s (restarts {c['RestartCount']}, {health}):\n{logs}"
+                )
+            time.sleep(2)
+
     def down(self) -> None:
         self("down", "-v", "--remove-orphans", "--timeout", "20", timeout=300, check=False)
 
@@ -240,6 +269,10 @@ def bad_input_checks(tag: str, other_pki: Path, names: list[str]) -> dict[str, s
             problems.append("printed a traceback")
         if not any(all(n in ln for n in needles) for ln in lines):
             problems.append(f"no log line names {needles}")
+        # One line says what is wrong: the exit message, or one JSON record at ERROR (INFO lines may precede it).
+        errors = [ln for ln in lines if not ln.startswith("{") or '"level": "ERROR"' in ln]
+        if len(errors) != 1:
+            problems.append(f"{len(errors)} error lines, not one")
         if problems:
             raise SmokeFailure(f"bad input '{name}': {', '.join(problems)}; output:\n{text[-2000:]}")
         line = next(ln for ln in lines if needles[0] in ln)
@@ -248,9 +281,105 @@ def bad_input_checks(tag: str, other_pki: Path, names: list[str]) -> dict[str, s
     return results
 
 
-async def run_job(steps: int, loops: int, tls_cfg: Any, token: str, timeout: float) -> dict[str, Any]:
-    """StartJob + StartLoops from the host, then wait for `steps` versions with both actors on the newest."""
+async def bad_calls(tls_cfg: Any, token: str, spec: Any) -> dict[str, str]:
+    """Unauthorised, malformed and oversized calls from the host to the running cluster: each is refused with
+    the status that says why, and the cluster stays healthy (checked by the caller)."""
+    import grpc
+
+    from rollart.runtime.client import channel
+    from rollart.runtime.config import TLSConfig
+    from rollart.v1 import ledger_pb2, ledger_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+    from rollart.v1 import resource_manager_pb2 as rm
+    from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
+
+    def addr(service: str) -> str:
+        return f"127.0.0.1:{PORTS[service]}"
+
+    async def code(ch: Any, call: Any) -> str:
+        try:
+            await call
+            return "OK"
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name
+        finally:
+            await ch.close()
+
+    malformed = trainer_pb2.TrainerJobSpec()
+    malformed.CopyFrom(spec)
+    malformed.batch_size = 0
+    cases: dict[str, tuple[Any, Any, set[str]]] = {}
+    ch = channel(addr("ledger"), token="not-the-job-token", tls=tls_cfg, default_timeout=30.0)
+    cases["wrong token"] = (
+        ch,
+        ledger_pb2_grpc.LedgerStub(ch).GetStatus(ledger_pb2.LedgerStatusRequest()),
+        {"UNAUTHENTICATED"},
+    )
+    ch = channel(addr("trainer"), token=token, tls=tls_cfg, default_timeout=30.0)
+    cases["malformed job spec"] = (
+        ch,
+        trainer_pb2_grpc.TrainerStub(ch).StartJob(trainer_pb2.StartJobRequest(spec=malformed)),
+        {"INVALID_ARGUMENT"},
+    )
+    ch = channel(addr("resource-manager"), token=token, tls=tls_cfg, default_timeout=30.0)
+    huge = rm.Pool(name="p", kind=3, capacity=1, labels={"x": "y" * (2 << 20)})  # over the 1 MiB limit
+    cases["oversized request"] = (
+        ch,
+        rm_grpc.ResourceManagerStub(ch).RegisterPool(rm.RegisterPoolRequest(pool=huge)),
+        {"RESOURCE_EXHAUSTED"},
+    )
+    if tls_cfg is not None and tls_cfg.client_cert_file is not None:
+        ch = channel(addr("ledger"), token=token, tls=TLSConfig(ca_file=tls_cfg.ca_file), default_timeout=30.0)
+        cases["no client certificate"] = (
+            ch,
+            ledger_pb2_grpc.LedgerStub(ch).GetStatus(ledger_pb2.LedgerStatusRequest()),
+            {"UNAVAILABLE"},
+        )
+    results = {}
+    for name, (ch, call, expected) in cases.items():
+        got = await code(ch, call)
+        if got not in expected:
+            raise SmokeFailure(f"bad call '{name}': {got}, expected {' or '.join(sorted(expected))}")
+        results[name] = got
+        say(f"bad call '{name}': {got}")
+    return results
+
+
+def smoke_job_spec() -> tuple[Any, Any]:
+    """The FrozenLake example, made tiny and pointed at the compose cluster's host ports and volumes."""
     from rollart.job.spec import environment_spec, job_spec, load_job_file
+
+    data = load_job_file(REPO / "examples" / "frozenlake.yaml")
+    spec = job_spec(data["job"])
+    spec.job_id = JOB_ID
+    # Two groups of 4, episodes of at most 2 turns: a step is ~16 short generations, which a 2-core host
+    # shared with other work still finishes well inside batch_timeout (16 samples of 8-turn episodes did not
+    # in 300 s at a load average of 44).
+    spec.batch_size, spec.group_size = 8, 4
+    spec.batch_timeout.FromSeconds(900)
+    spec.model = MODEL_IN_CONTAINERS
+    spec.endpoints.ledger = f"127.0.0.1:{PORTS['ledger']}"
+    spec.endpoints.llmproxy = f"127.0.0.1:{PORTS['llmproxy']}"
+    del spec.publish.relay_endpoints[:]
+    spec.publish.relay_endpoints.append(f"127.0.0.1:{PORTS['relay']}")
+    spec.publish.mooncake_master = MOONCAKE
+    spec.publish.checkpoint_store = WEIGHTS_IN_CONTAINERS
+    env = environment_spec(data["environment"])
+    env.max_turns = 2
+    return spec, env
+
+
+async def run_job(
+    steps: int,
+    loops: int,
+    tls_cfg: Any,
+    token: str,
+    timeout: float,
+    crash: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """StartJob + StartLoops from the host, then wait for `steps` versions with both actors on the newest.
+
+    ``crash`` runs once, when version 1 is out (actors pulling it, the next step generating): the job must
+    still get to ``steps``."""
     from rollart.runtime.client import channel
     from rollart.v1 import (
         envmanager_pb2,
@@ -261,19 +390,8 @@ async def run_job(steps: int, loops: int, tls_cfg: Any, token: str, timeout: flo
         trainer_pb2_grpc,
     )
 
-    data = load_job_file(REPO / "examples" / "frozenlake.yaml")
-    spec = job_spec(data["job"])
-    spec.job_id = JOB_ID
+    spec, env_spec = smoke_job_spec()
     spec.max_steps = steps + 5  # the job is still running when the check passes
-    spec.batch_size, spec.group_size = 16, 4
-    spec.model = MODEL_IN_CONTAINERS
-    spec.endpoints.ledger = f"127.0.0.1:{PORTS['ledger']}"
-    spec.endpoints.llmproxy = f"127.0.0.1:{PORTS['llmproxy']}"
-    del spec.publish.relay_endpoints[:]
-    spec.publish.relay_endpoints.append(f"127.0.0.1:{PORTS['relay']}")
-    spec.publish.mooncake_master = MOONCAKE
-    spec.publish.checkpoint_store = WEIGHTS_IN_CONTAINERS
-    env_spec = environment_spec(data["environment"])
 
     def ch(service: str):
         return channel(f"127.0.0.1:{PORTS[service]}", token=token, tls=tls_cfg, default_timeout=60.0)
@@ -299,6 +417,9 @@ async def run_job(steps: int, loops: int, tls_cfg: Any, token: str, timeout: flo
             if now != seen:
                 say(now)
                 seen = now
+            if crash is not None and st.latest_version >= 1:
+                crash()
+                crash = None
             if st.latest_version >= steps and len(actors) >= 2 and all(v == st.latest_version for v in actors.values()):
                 return {"versions": st.latest_version, "actors": actors, "job_s": round(time.monotonic() - t0, 1)}
             j = await trainer_pb2_grpc.TrainerStub(trainer).GetJob(trainer_pb2.GetTrainerJobRequest())
@@ -319,9 +440,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls", choices=["none", "tls", "mtls"], default="mtls")
     parser.add_argument("--skip-build", action="store_true", help="use the images already built")
     parser.add_argument("--tag", default=os.environ.get("TAG", "dev"))
-    parser.add_argument("--healthy-timeout", type=float, default=900)
-    parser.add_argument("--job-timeout", type=float, default=600)
+    parser.add_argument("--healthy-timeout", type=float, default=1500)
+    parser.add_argument("--job-timeout", type=float, default=1200)
     parser.add_argument("--keep", action="store_true", help="leave the cluster running (debugging)")
+    parser.add_argument(
+        "--kill",
+        default="relay",
+        choices=["", *PORTS, "redis", "mooncake"],
+        help="service whose process is SIGKILLed once version 1 is out ('' for none)",
+    )
     args = parser.parse_args(argv)
 
     def terminated(signum: int, frame: Any) -> None:  # a test timeout or Ctrl-C: still tear down (finally)
@@ -395,20 +522,42 @@ def main(argv: list[str] | None = None) -> int:
         )
         cluster = Cluster(f"rollart-smoke-{os.getpid()}", env, args.tls)
         say(f"docker-compose up ({' + '.join(cluster.files)}; TLS: {args.tls})")
+        t_up = time.monotonic()
         try:
-            cluster("up", "-d", "--no-build", timeout=1200)
+            cluster("up", "-d", "--no-build", timeout=args.healthy_timeout + 300)  # waits for the first actor
         except SmokeFailure as exc:
             raise SmokeFailure(f"{exc}\n{cluster.logs()}") from None
+        timings["up_s"] = round(time.monotonic() - t_up, 1)
         timings["healthy_s"] = round(cluster.wait_healthy(args.healthy_timeout), 1)
         say(f"every container healthy after {timings['healthy_s']}s")
         if args.tls != "none":
             timings["bad_input"].update(bad_input_checks(args.tag, other_pki, ["wrong certificate"]))
-        timings["job"] = asyncio.run(run_job(args.steps, args.loops, tls_cfg, token, args.job_timeout))
-        cluster.wait_healthy(60)  # still all healthy with the job running
+        timings["bad_calls"] = asyncio.run(bad_calls(tls_cfg, token, smoke_job_spec()[0]))
+        killed: dict[str, float] = {}
+
+        def crash() -> None:
+            # By default the relay, while actors pull the first update through it (they fall back to the trainer).
+            assert cluster is not None
+            killed["restarts"] = cluster.kill_service_process(args.kill)
+            killed["at"] = time.monotonic()
+            say(f"killed {args.kill}'s process (SIGKILL) after version 1")
+
+        timings["job"] = asyncio.run(
+            run_job(args.steps, args.loops, tls_cfg, token, args.job_timeout, crash if args.kill else None)
+        )
+        if args.kill:
+            cluster.wait_restarted(args.kill, int(killed["restarts"]), args.healthy_timeout)
+            timings["killed"] = {"service": args.kill, "healthy_again_s": round(time.monotonic() - killed["at"], 1)}
+            say(f"{args.kill} restarted by its policy and healthy again")
+        cluster.wait_healthy(120)  # still all healthy with the job running
         timings["cluster_s"] = round(time.monotonic() - t0, 1)
         ok = True
     except Exception as exc:  # noqa: BLE001 - any failure is reported, then everything is removed
         say(f"FAILED: {type(exc).__name__}: {exc}")
+        if cluster is not None and "job" not in timings:  # what the job's services said last
+            for name in ("trainer", "ledger", "envmanager", "actor"):
+                tail = cluster("logs", "--no-color", "--tail", "6", name, check=False).stdout
+                say(f"--- {name}\n{tail[-3000:]}")
     finally:
         if cluster is not None and not args.keep:
             t0 = time.monotonic()
