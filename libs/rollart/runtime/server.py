@@ -294,6 +294,19 @@ async def serve(service: Service, cfg: ServiceConfig, stop_event: asyncio.Event 
         except Exception as exc:
             # E.g. the resource manager refused the registration: say why, release the port, exit non-zero.
             details = exc.details() if hasattr(exc, "details") else str(exc)
+            code = exc.code() if hasattr(exc, "code") else None
+            if cfg.resource_manager and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                # Registering is the call a service makes on start: name the settings that decide whether it works
+                # (a certificate from the wrong CA only shows as a handshake that never completes).
+                details = (
+                    f"{details}: no answer from the resource manager at {cfg.resource_manager} "
+                    "(resource_manager / ROLLART_RESOURCE_MANAGER)"
+                )
+                if cfg.tls is not None:
+                    details += (
+                        "; with TLS: tls.ca_file (ROLLART_TLS__CA_FILE) must have signed its certificate, and under "
+                        "mTLS its client CA our tls.client_cert_file (ROLLART_TLS__CLIENT_CERT_FILE)"
+                    )
             log.error("startup failed: %s", details)
             await server.stop(0)
             await service.stop()

@@ -187,3 +187,32 @@ def test_serverless_registers_over_mtls_and_a_wrong_certificate_is_one_line(
     ours = [ln for ln in text.splitlines() if ln.startswith("rollart.sdk.serverless:")]
     assert "Traceback" not in text and len(ours) == 1 and text.rstrip().endswith(ours[0])
     assert "registering with the resource manager" in ours[0] and "UNAVAILABLE" in ours[0]
+
+
+def test_a_service_with_a_certificate_from_another_ca_names_the_settings(
+    services, redis_url, pki, other_pki, tmp_path
+):
+    """What the compose smoke's 'wrong certificate' case sees in a container: one ERROR line that names the
+    resource manager's address and the TLS settings, exit 1, no traceback."""
+    _, rm_addr = services.resource_manager(redis_url, **server_env(pki, True))
+    log = tmp_path / "wrong-host.log"
+    argv = [sys.executable, "-m", "rollart.sdk.host", "--worker", "tests.integration.sdk.workers:EchoWorker"]
+    wrong = ManagedProcess(
+        "host-wrong",
+        [*argv, "--pool", "p"],
+        log_path=log,
+        env=services.env(ROLLART_RESOURCE_MANAGER=rm_addr, **client_env(other_pki, True)),
+    ).start()
+    try:
+        deadline = time.monotonic() + 60
+        while wrong.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert wrong.proc.returncode == 1
+    finally:
+        wrong.stop(timeout=5)
+    text = log.read_text()
+    errors = [json.loads(ln) for ln in text.splitlines() if ln.startswith("{") and '"level": "ERROR"' in ln]
+    assert "Traceback" not in text and len(errors) == 1, text
+    msg = errors[0]["msg"]
+    assert msg.startswith("startup failed: ") and f"resource manager at {rm_addr}" in msg, msg
+    assert "ROLLART_RESOURCE_MANAGER" in msg and "ROLLART_TLS__CA_FILE" in msg and "ROLLART_TLS__CLIENT_CERT_FILE" in msg
