@@ -563,12 +563,16 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             cluster.down()
             timings["down_s"] = round(time.monotonic() - t0, 1)
-            left = run(
-                ["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={cluster.project}"], check=False
-            ).stdout.split()
-            if left:
-                say(f"containers left behind: {left}")
-                ok = False
+            label = f"label=com.docker.compose.project={cluster.project}"
+            for kind, argv in {
+                "containers": ["docker", "ps", "-aq", "--filter", label],
+                "volumes": ["docker", "volume", "ls", "-q", "--filter", label],
+                "networks": ["docker", "network", "ls", "-q", "--filter", label],
+            }.items():
+                left = run(argv, check=False).stdout.split()
+                if left:
+                    say(f"{kind} left behind: {left}")
+                    ok = False
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         stop_docker(daemon)
