@@ -108,11 +108,17 @@ def test_metrics_reflection_and_unauthenticated_health(services, redis_url, chan
     stub.ListPools(rm.ListPoolsRequest(), metadata=auth_md)
     with pytest.raises(grpc.RpcError):
         stub.ListPools(rm.ListPoolsRequest())
-    body = urllib.request.urlopen(f"http://127.0.0.1:{info['metrics_port']}/metrics", timeout=5).read().decode()
-    assert (
-        'rollart_rpc_total{code="OK",method="/rollart.v1.ResourceManager/ListPools",service="resource-manager"}' in body
-    )
-    assert 'code="UNAUTHENTICATED",method="/rollart.v1.ResourceManager/ListPools"' in body
+    ok = 'rollart_rpc_total{code="OK",method="/rollart.v1.ResourceManager/ListPools",service="resource-manager"}'
+    refused = 'code="UNAUTHENTICATED",method="/rollart.v1.ResourceManager/ListPools"'
+    # The server counts a call after its status has gone out, so the client can see the error first: poll.
+    deadline = time.monotonic() + 10
+    while True:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{info['metrics_port']}/metrics", timeout=5).read().decode()
+        if (ok in body and refused in body) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert ok in body
+    assert refused in body
     assert "rollart_rpc_seconds_bucket" in body
 
 
