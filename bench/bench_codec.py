@@ -52,6 +52,24 @@ BASE_HASH = b"\x5a" * 32  # h(v-1): the trainer always knows it, so the encoder 
 XOR = "XOR + zstd-1"
 
 
+def layer_shapes(hidden: int, inter: int, q: int, kv: int, head: int, i: int) -> dict[str, tuple[int, ...]]:
+    """Layer ``i`` of a Qwen3 decoder (HF names): ``q``/``kv`` heads of ``head``, MLP width ``inter``."""
+    p = f"model.layers.{i}."
+    return {
+        p + "input_layernorm.weight": (hidden,),
+        p + "self_attn.q_proj.weight": (q * head, hidden),
+        p + "self_attn.k_proj.weight": (kv * head, hidden),
+        p + "self_attn.v_proj.weight": (kv * head, hidden),
+        p + "self_attn.o_proj.weight": (hidden, q * head),
+        p + "self_attn.q_norm.weight": (head,),
+        p + "self_attn.k_norm.weight": (head,),
+        p + "post_attention_layernorm.weight": (hidden,),
+        p + "mlp.gate_proj.weight": (inter, hidden),
+        p + "mlp.up_proj.weight": (inter, hidden),
+        p + "mlp.down_proj.weight": (hidden, inter),
+    }
+
+
 def synthetic_model(params: float, seed: int = 0, vocab: int = 32000) -> WeightSet:
     """A bf16 checkpoint with Qwen3-0.6B's layer shapes (hidden 1024, 16 query / 8 KV heads of 128,
     intermediate 3072, q/k norms), as many layers as fit in ``params`` (HF names)."""
@@ -61,20 +79,7 @@ def synthetic_model(params: float, seed: int = 0, vocab: int = 32000) -> WeightS
     rng = np.random.default_rng(seed)
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
     for i in range(layers):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "input_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (q_heads * head, hidden),
-            p + "self_attn.k_proj.weight": (kv_heads * head, hidden),
-            p + "self_attn.v_proj.weight": (kv_heads * head, hidden),
-            p + "self_attn.o_proj.weight": (hidden, q_heads * head),
-            p + "self_attn.q_norm.weight": (head,),
-            p + "self_attn.k_norm.weight": (head,),
-            p + "post_attention_layernorm.weight": (hidden,),
-            p + "mlp.gate_proj.weight": (inter, hidden),
-            p + "mlp.up_proj.weight": (inter, hidden),
-            p + "mlp.down_proj.weight": (hidden, inter),
-        }
+        shapes |= layer_shapes(hidden, inter, q_heads, kv_heads, head, i)
     arrays = {}
     for name, shape in shapes.items():
         if len(shape) == 1:  # norms: around 1.0

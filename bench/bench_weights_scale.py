@@ -61,23 +61,6 @@ SHAPES: dict[str, tuple[int, int, int, int, int, int, int]] = {
 METHODS = ("delta v2", bench_codec.XOR)
 
 
-def layer_shapes(hidden: int, inter: int, q: int, kv: int, head: int, i: int) -> dict[str, tuple[int, ...]]:
-    p = f"model.layers.{i}."
-    return {
-        p + "input_layernorm.weight": (hidden,),
-        p + "self_attn.q_proj.weight": (q * head, hidden),
-        p + "self_attn.k_proj.weight": (kv * head, hidden),
-        p + "self_attn.v_proj.weight": (kv * head, hidden),
-        p + "self_attn.o_proj.weight": (hidden, q * head),
-        p + "self_attn.q_norm.weight": (head,),
-        p + "self_attn.k_norm.weight": (head,),
-        p + "post_attention_layernorm.weight": (hidden,),
-        p + "mlp.gate_proj.weight": (inter, hidden),
-        p + "mlp.up_proj.weight": (inter, hidden),
-        p + "mlp.down_proj.weight": (hidden, inter),
-    }
-
-
 def chunks(size: str, chunk_layers: int) -> Iterator[dict[str, tuple[int, ...]]]:
     """The model's tensors (HF names, tied embeddings) in groups: the embedding and final norm, then layers."""
     hidden, layers, inter, q, kv, head, vocab = SHAPES[size]
@@ -85,7 +68,7 @@ def chunks(size: str, chunk_layers: int) -> Iterator[dict[str, tuple[int, ...]]]
     for start in range(0, layers, chunk_layers):
         group: dict[str, tuple[int, ...]] = {}
         for i in range(start, min(layers, start + chunk_layers)):
-            group |= layer_shapes(hidden, inter, q, kv, head, i)
+            group |= bench_codec.layer_shapes(hidden, inter, q, kv, head, i)
         yield group
 
 
