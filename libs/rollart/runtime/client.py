@@ -104,6 +104,10 @@ class _Base:
         self.tracer = telemetry.tracer("rollart.client")
 
     def _span(self, details: aio.ClientCallDetails):
+        """The call's client span, or None without a tracer provider (no exporter): nothing is built then, and
+        the current context (the caller's trace context and baggage) is what the call carries."""
+        if not telemetry.tracing_enabled():
+            return None
         method = details.method.decode() if isinstance(details.method, bytes) else details.method
         span = self.tracer.start_span(method, kind=SpanKind.CLIENT)
         span.set_attribute("rpc.system", "grpc")
@@ -114,6 +118,9 @@ class _Base:
 
     @staticmethod
     def _finish(span, call) -> None:
+        if span is None:
+            return
+
         async def record() -> None:
             try:
                 code = await call.code()

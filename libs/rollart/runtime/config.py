@@ -70,8 +70,8 @@ class TLSConfig(StrictModel):
 
 
 class TracingConfig(StrictModel):
-    # none: no spans exported (context still propagates); file: JSON lines to `file`; console: stderr;
-    # otlp: OTLP/gRPC to `endpoint` (needs the rollart[otlp] extra).
+    # none: no spans built (a caller's trace context and baggage pass through unchanged); file: JSON lines to
+    # `file`; console: stderr; otlp: OTLP/gRPC to `endpoint` (needs the rollart[otlp] extra).
     exporter: Literal["none", "file", "console", "otlp"] = "none"
     file: Path | None = None
     endpoint: str | None = None

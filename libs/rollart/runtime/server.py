@@ -142,7 +142,10 @@ def _code_of(exc: BaseException | None, context_: aio.ServicerContext) -> str:
 
 
 class TelemetryInterceptor(aio.ServerInterceptor):
-    """Per-RPC metrics and a server span that continues the caller's trace (and its trajectory baggage)."""
+    """Per-RPC metrics and a server span that continues the caller's trace (and its trajectory baggage).
+
+    Without a tracer provider (no exporter: ``telemetry.setup_tracing``) no span is built: the handler runs in
+    the caller's extracted context as it is, so its own calls carry the caller's traceparent and baggage on."""
 
     def __init__(self, service: str) -> None:
         self.service = service
@@ -155,22 +158,29 @@ class TelemetryInterceptor(aio.ServerInterceptor):
         method = details.method
         parent = telemetry.extract_context(details.invocation_metadata)
         labels = (self.service, method)
+        traced = telemetry.tracing_enabled()
 
         def begin() -> tuple[Any, context.Context, telemetry.Stopwatch]:
-            span = self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER)
-            span.set_attribute("rpc.system", "grpc")
-            span.set_attribute("rpc.method", method)
-            tid = telemetry.current_trajectory_id(parent)
-            if tid:
-                span.set_attribute("rollart.trajectory_id", tid)
+            span = None
+            span_ctx = parent
+            if traced:
+                span = self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER)
+                span.set_attribute("rpc.system", "grpc")
+                span.set_attribute("rpc.method", method)
+                tid = telemetry.current_trajectory_id(parent)
+                if tid:
+                    span.set_attribute("rollart.trajectory_id", tid)
+                span_ctx = trace.set_span_in_context(span, parent)
             telemetry.RPC_IN_FLIGHT.labels(self.service).inc()
-            return span, trace.set_span_in_context(span, parent), telemetry.Stopwatch()
+            return span, span_ctx, telemetry.Stopwatch()
 
         def end(span: Any, watch: telemetry.Stopwatch, exc: BaseException | None, ctx: aio.ServicerContext) -> None:
             code = _code_of(exc, ctx)
             telemetry.RPC_IN_FLIGHT.labels(self.service).dec()
             telemetry.RPC_TOTAL.labels(*labels, code).inc()
             telemetry.RPC_SECONDS.labels(*labels).observe(watch.elapsed())
+            if span is None:
+                return
             span.set_attribute("rpc.grpc.status_code", code)
             if code != "OK":
                 span.set_status(Status(StatusCode.ERROR, code))
@@ -193,20 +203,25 @@ class TelemetryInterceptor(aio.ServerInterceptor):
             # The span's context is attached around each step of the service's generator, never across a
             # ``yield``: a cancelled stream's generator is closed later by the event loop's finaliser in another
             # task (another contextvars Context), where detaching a token attached here would fail ("Failed to
-            # detach context", logged as an ERROR with a traceback).
+            # detach context", logged as an ERROR with a traceback). An empty context (no span, nothing from the
+            # caller) is not attached at all: nothing would change.
             span, span_ctx, watch = begin()
             exc: BaseException | None = None
             items = run()
             try:
-                while True:
-                    token = context.attach(span_ctx)
-                    try:
-                        item = await items.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    finally:
-                        context.detach(token)
-                    yield item
+                if not span_ctx:
+                    async for item in items:
+                        yield item
+                else:
+                    while True:
+                        token = context.attach(span_ctx)
+                        try:
+                            item = await items.__anext__()
+                        except StopAsyncIteration:
+                            break
+                        finally:
+                            context.detach(token)
+                        yield item
             except BaseException as e:  # noqa: BLE001
                 exc = e
                 raise
