@@ -421,14 +421,105 @@ def model_dir_digest(path: str | Path) -> bytes:
 
 
 _SECTIONS: dict[str, type[Message]] = {"job": trainer_pb2.TrainerJobSpec, "environment": envmanager_pb2.EnvironmentSpec}
+# The task fields that are messages (their subfields may be set one by one); the others are values.
+_TASK_MESSAGES: dict[str, type[Message]] = {
+    "environment": envmanager_pb2.EnvironmentSpec,
+    "prompts": trainer_pb2.PromptSource,
+    "reward": common_pb2.RewardSpec,
+    "affinity": llmproxy_pb2.AffinityRule,
+}
+SECTIONS = ("job", "environment", "loops", "tasks", "model", "cluster", "run")
+
+
+def _task_name(item: Any) -> str:
+    """A task's name as :func:`job_tasks` derives it (name, else the environment's task tag, else its id)."""
+    if not isinstance(item, Mapping):
+        return ""
+    env = item.get("environment")
+    env_map = env if isinstance(env, Mapping) else {"environment": env}
+    return str(item.get("name") or env_map.get("task") or env_map.get("environment") or "")
+
+
+def _select_task(data: dict[str, Any], key: str, parts: list[str]) -> tuple[dict[str, Any], str]:
+    """``tasks.<name or index>.<field>...``: the task's mapping and how errors name it (``tasks.arith``)."""
+    tasks = data.get("tasks")
+    if not isinstance(tasks, list) or not tasks:
+        raise SpecError(f"--set {key}: the job file has no tasks list (a multi-task job's tasks:)")
+    if len(parts) < 3 or any(not p for p in parts):
+        raise SpecError(f"--set {key}: expected tasks.<name or index>.<field>, e.g. tasks.arith.share=3")
+    which = parts[1]
+    names = [_task_name(t) for t in tasks]
+    if which.isdigit():
+        if int(which) >= len(tasks):
+            raise SpecError(f"--set {key}: no task at index {which} (indexes 0..{len(tasks) - 1})")
+        item = tasks[int(which)]
+    elif which in names:
+        item = tasks[names.index(which)]
+    else:
+        raise SpecError(f"--set {key}: no task named {which!r} (tasks: {', '.join(names)})")
+    if not isinstance(item, dict):
+        raise SpecError(f"--set {key}: tasks.{which} is not a mapping")
+    if parts[2] not in TASK_KEYS:
+        raise SpecError(f"--set {key}: unknown task field {parts[2]!r} (known: {', '.join(TASK_KEYS)})")
+    return item, f"tasks.{which}"
+
+
+def _set_field(target: dict[str, Any], desc: Descriptor | None, parts: list[str], value: Any, key: str) -> None:
+    """Set ``parts`` below ``target`` (a section, or a task field's mapping). With ``desc`` (the proto message
+    ``target`` holds) every part must name a field; a map field's key is the rest of the path (it may contain
+    dots); without one (free-form sections) any key goes."""
+    i = 0
+    while i < len(parts) - 1:
+        part, where = parts[i], ".".join(parts[: i + 1])
+        fd = desc.fields_by_name.get(part) if desc is not None else None
+        if desc is not None and fd is None:
+            raise SpecError(f"--set {key}: unknown key {where} (known: {', '.join(sorted(desc.fields_by_name))})")
+        if desc is not None and (fd is None or fd.message_type is None):
+            raise SpecError(f"--set {key}: {where} is a value, not a section")
+        nxt = target.get(part)
+        if nxt is None:
+            nxt = target[part] = {}
+        if not isinstance(nxt, dict):
+            raise SpecError(f"--set {key}: {where} is a value, not a section")
+        target = nxt
+        if fd is not None and fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            parts = [*parts[: i + 1], ".".join(parts[i + 1 :])]  # the rest is one map key
+            desc = None
+            break
+        desc = fd.message_type if fd is not None else None
+        i += 1
+    if desc is not None and parts[-1] not in desc.fields_by_name:
+        raise SpecError(f"--set {key}: unknown key (known: {', '.join(sorted(desc.fields_by_name))})")
+    target[parts[-1]] = value
+
+
+def _set_task_field(data: dict[str, Any], key: str, parts: list[str], value: Any) -> None:
+    item, where = _select_task(data, key, parts)
+    field, rest = parts[2], parts[3:]
+    if not rest:
+        item[field] = value
+        return
+    if field not in _TASK_MESSAGES:
+        raise SpecError(f"--set {key}: {where}.{field} is a value, not a section")
+    current = item.get(field)
+    if current is None:
+        current = item[field] = {}
+    elif field == "environment" and isinstance(current, str):  # the short form: an environment id
+        current = item[field] = {"environment": current}
+    elif not isinstance(current, dict):
+        raise SpecError(f"--set {key}: {where}.{field} is {current!r}, not a mapping (set {where}.{field} whole)")
+    _set_field(current, _TASK_MESSAGES[field].DESCRIPTOR, rest, value, key)  # type: ignore[arg-type]
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """``rollart run --set KEY=VALUE``: set one job-file field per override (dotted path, YAML value).
 
     ``job.*`` and ``environment.*`` keys must name fields of their proto (any key below a map field, e.g.
-    ``job.options.grpo.temperature``); ``loops`` and the free-form ``model``, ``cluster`` and ``run`` sections
-    take any key below them. The result is checked like a job file, so a bad value is a ``SpecError`` here.
+    ``job.options.grpo.temperature``); ``tasks.<name or index>.<field>`` sets a field of one task of a
+    multi-task job (``tasks.arith.share=3``, ``tasks.0.loops=4``, ``tasks.arith.affinity.allow_fallback=true``;
+    below ``environment``, ``prompts``, ``reward`` and ``affinity`` the proto's fields); ``loops`` and the
+    free-form ``model``, ``cluster`` and ``run`` sections take any key below them. The result is checked like a
+    job file, so a bad value is a ``SpecError`` here, naming the path.
     """
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -436,50 +527,33 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         if not sep or not key:
             raise SpecError(f"--set {item!r}: expected KEY=VALUE, e.g. job.backend=megatron")
         parts = key.split(".")
-        if parts[0] not in ("job", "environment", "loops", "model", "cluster", "run"):
-            raise SpecError(f"--set {key}: unknown section {parts[0]!r} (job, environment, loops, model, cluster, run)")
+        if parts[0] not in SECTIONS:
+            raise SpecError(f"--set {key}: unknown section {parts[0]!r} ({', '.join(SECTIONS)})")
         if (parts[0] == "loops") != (len(parts) == 1) or any(not p for p in parts):
             raise SpecError(f"--set {key}: not a field path")
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as exc:
             raise SpecError(f"--set {key}: value is not valid YAML: {exc}") from None
+        if parts[0] == "tasks":
+            _set_task_field(data, key, parts, value)
+            continue
+        if len(parts) == 1:
+            data[parts[0]] = value
+            continue
+        section = data.get(parts[0])
+        if section is None:
+            section = data[parts[0]] = {}
+        if not isinstance(section, dict):
+            raise SpecError(f"--set {key}: the {parts[0]} section is not a mapping")
         desc = _SECTIONS[parts[0]].DESCRIPTOR if parts[0] in _SECTIONS else None
-        target: dict[str, Any] = data
-        if len(parts) > 1:
-            section = data.get(parts[0])
-            if section is None:
-                section = data[parts[0]] = {}
-            if not isinstance(section, dict):
-                raise SpecError(f"--set {key}: the {parts[0]} section is not a mapping")
-            target, parts = section, parts[1:]
-        i = 0
-        while i < len(parts) - 1:
-            part, where = parts[i], ".".join(parts[: i + 1])
-            fd = desc.fields_by_name.get(part) if desc is not None else None
-            if desc is not None and fd is None:
-                raise SpecError(f"--set {key}: unknown key {where} (known: {', '.join(sorted(desc.fields_by_name))})")
-            if desc is not None and (fd is None or fd.message_type is None):
-                raise SpecError(f"--set {key}: {where} is a value, not a section")
-            nxt = target.get(part)
-            if nxt is None:
-                nxt = target[part] = {}
-            if not isinstance(nxt, dict):
-                raise SpecError(f"--set {key}: {where} is a value, not a section")
-            target = nxt
-            if fd is not None and fd.message_type is not None and fd.message_type.GetOptions().map_entry:
-                parts = [*parts[: i + 1], ".".join(parts[i + 1 :])]  # the rest is one map key
-                desc = None
-                break
-            desc = fd.message_type if fd is not None else None
-            i += 1
-        if desc is not None and parts[-1] not in desc.fields_by_name:
-            raise SpecError(f"--set {key}: unknown key (known: {', '.join(sorted(desc.fields_by_name))})")
-        target[parts[-1]] = value
+        _set_field(section, desc, parts[1:], value, key)  # type: ignore[arg-type]
     if overrides:
         try:
             job_spec(data.get("job") or {})
             environment_spec(data.get("environment") or {})
+            if any(o.partition("=")[0].strip().startswith("tasks.") for o in overrides):
+                job_tasks(data)  # a task's value checked as the job file's would be (tasks[i].<field>)
         except SpecError as exc:
             raise SpecError(f"--set: {exc}") from None
         if not isinstance(data.get("loops", 1), int):
