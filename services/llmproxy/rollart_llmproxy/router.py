@@ -401,13 +401,13 @@ class Router:
     def _count_fallback(self, task: str, trajectory_id: str, rule: Rule | None, why: str) -> None:
         if rule is None or not trajectory_id:
             return  # no rule to leave; Tokenize (no trajectory) is not a turn
-        profile = "rule"
-        if rule.auto:
-            p = self.profile_of(task)
-            profile = p.profile if p is not None else UNCLASSIFIED
-            if p is not None:
-                p.fallback_turns += 1
-                p.last_fallback = why
+        # Every task's profile counts its turns outside the scope (GetAffinity: a pool-rule task whose pool died
+        # shows its fallback too); the metric's label is the profile for auto rules, "rule" otherwise.
+        p = self.profile_of(task, create=True)
+        assert p is not None
+        p.fallback_turns += 1
+        p.last_fallback = why
+        profile = p.profile if rule.auto else "rule"
         metrics.AFFINITY_FALLBACKS.labels(profile, "saturated" if why.startswith("saturated") else "no_actor").inc()
 
     def compatible_pools(self, rule: Rule, actors: Iterable[ActorEntry]) -> set[str]:

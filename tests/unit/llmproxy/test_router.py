@@ -354,6 +354,24 @@ def test_auto_falls_back_when_its_kind_is_gone_or_saturated_and_says_so():
         r.route(trajectory_id="m12", task="math")
 
 
+def test_a_pool_rule_task_whose_pool_died_falls_back_and_its_profile_counts_it():
+    r, c, b = two_kinds()
+    r.rules = {"arith": Rule("arith", pool="h20", allow_fallback=True)}
+    assert r.route(trajectory_id="a1", task="arith").actor is b
+    assert "arith" not in r.profiles  # nothing left its scope yet
+    b.state = UNHEALTHY  # every actor of the task's pool is gone: the compute pool takes its turns
+    route = r.route(trajectory_id="a2", task="arith")
+    assert route.actor is c and route.reason == lp.ROUTE_REASON_FALLBACK
+    p = r.profiles["arith"]
+    assert p.fallback_turns == 1 and p.last_fallback == "no usable actor in scope" and p.profile == "unclassified"
+    assert p.to_proto().fallback_turns == 1  # what GetAffinity shows
+    r.rules = {"arith": Rule("arith", pool="h20", allow_fallback=False)}
+    with pytest.raises(NoRoute) as exc:
+        r.route(trajectory_id="a3", task="arith")
+    assert exc.value.retryable and "no usable actor for task 'arith'" in str(exc.value)
+    assert r.profiles["arith"].fallback_turns == 1
+
+
 def test_kind_of_static_actors_comes_from_their_kind_tag():
     r = Router()
     x = actor(r, "x", pool="static", tags=["kind:gpu-compute"])
