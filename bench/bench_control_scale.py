@@ -39,79 +39,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "libs"))
 sys.path.insert(0, str(REPO))
 
-from rollart.local.processes import ManagedProcess  # noqa: E402
-from rollart.runtime.auth import bearer  # noqa: E402
+from bench.service_procs import BIN, MD, cpu_seconds, pct, sampling, start, start_sim  # noqa: E402
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2  # noqa: E402
 from rollart.v1 import llmproxy_pb2 as lp  # noqa: E402
 from rollart.v1 import llmproxy_pb2_grpc as lg  # noqa: E402
-
-TOKEN = "bench-control-scale-token-0123456789"
-MD = (bearer(TOKEN),)
-BIN = Path(sys.executable).parent
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (and of its waited-for children: none here)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
-
-
-def base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLART_")}
-    env.update(
-        ROLLART_LISTEN="127.0.0.1:0",
-        ROLLART_METRICS_LISTEN="127.0.0.1:0",
-        ROLLART_JOB_TOKEN=TOKEN,
-        ROLLART_LOG_FORMAT="text",
-        ROLLART_LOG_LEVEL="WARNING",
-        PYTHONPATH=str(REPO),
-    )
-    env.update(extra)
-    return env
-
-
-def start(name: str, argv: list[str], tmp: Path, timeout: float, **env: str) -> tuple[ManagedProcess, dict]:
-    ready = tmp / "run" / f"{name}.ready"
-    proc = ManagedProcess(
-        name,
-        argv,
-        log_path=tmp / "logs" / f"{name}.log",
-        env=base_env(ROLLART_READY_FILE=str(ready), **env),
-        ready_file=ready,
-    ).start()
-    return proc, proc.wait_ready(timeout)
-
-
-def start_sim(tmp: Path, n: int, ttft_ms: float, token_ms: float) -> tuple[ManagedProcess, dict[str, str]]:
-    ready = tmp / "run" / f"sim-{n}.ready"
-    ready.parent.mkdir(parents=True, exist_ok=True)
-    argv = [
-        sys.executable,
-        str(REPO / "bench" / "sim_actor.py"),
-        "--actors",
-        str(n),
-        "--ttft-ms",
-        str(ttft_ms),
-        "--token-ms",
-        str(token_ms),
-        "--ready-file",
-        str(ready),
-    ]
-    proc = ManagedProcess(
-        f"sim-{n}", argv, log_path=tmp / "logs" / f"sim-{n}.log", env=base_env(), ready_file=ready
-    ).start()
-    deadline = time.monotonic() + 60
-    while not ready.exists():
-        if time.monotonic() > deadline or not proc.alive():
-            raise RuntimeError(f"simulated actors did not start; see {tmp / 'logs'}")
-        time.sleep(0.05)
-    return proc, json.loads(ready.read_text())
-
 
 # ------------------------------------------------------------------------------------------------ (a) proxy
 
@@ -150,10 +81,6 @@ async def drive(call, concurrency: int, seconds: float, think_s: float, prompt: 
     await asyncio.gather(*(trajectory(t) for t in range(concurrency)))
     wall = time.monotonic() - begin
     return {"turns": len(total), "chunks": chunks, "wall_s": wall, "ttft": ttft, "total": total, "errors": errors}
-
-
-def sampling(n: int) -> common_pb2.SamplingParams:
-    return common_pb2.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=True)
 
 
 async def proxy_point(args, c: int, proxy_addr: str, actors: dict[str, str], proxy_pid: int) -> dict:

@@ -10,12 +10,15 @@ same every time) and one ``rollart-llmproxy`` with only actor A behind it.
 Each actor is pinned to one core (``taskset``, one OpenMP thread; ``--no-pin`` leaves them unpinned).
 ``--sim`` replaces the two vLLM actors with simulated ones (``bench/sim_actor.py``: real gRPC servers speaking the
 actor protocol with a fixed timing model, no engine) to measure the proxy alone in seconds.
-``--baseline-ref REF`` also starts the proxy of git ref REF (``git archive`` of services/llmproxy, shadowing this
-tree's on PYTHONPATH) beside this tree's, in front of the same actor: the latency pairs become triples
-(direct, proxy, baseline proxy) in rotating order, so that both proxies see the same load.
+``--baseline-ref REF`` also starts the proxy of git ref REF (``git archive`` of services/llmproxy and of its
+runtime libs/rollart, shadowing this tree's on PYTHONPATH) beside this tree's, in front of the same actor: the
+latency pairs become triples (direct, proxy, baseline proxy) in rotating order, so that both proxies see the same
+load. ``--floor`` adds bare grpc.aio relays (``bench/bare_relay.py``: one Python gRPC hop and nothing else, as an
+async generator, with ``context.write``, and with tuned channel arguments) to the same rotation.
 The proxies' CPU per latency turn (user + system, from /proc) is reported beside the latency.
-``--cpu-rounds N``: each proxy also serves 16 concurrent trajectories of 1-token turns, then of 64-token turns,
-N rounds alternating the proxies; its CPU per 1-chunk turn and per further chunk (median) are reported.
+``--cpu-rounds N``: each proxy (and relay) also serves 16 concurrent trajectories of 1-token turns, then of
+64-token turns in chunks of 1 and of each ``--chunk-sizes``, N rounds alternating the proxies; its CPU per 1-chunk
+turn, per further chunk and per token at each chunk size (medians) are reported.
 
 1. Latency: ``--pairs`` sequential requests, each sent once directly to actor A and once through the proxy
    (which routes it to A), with the same prompt, alternating which goes first. Time to first token and to the
@@ -44,61 +47,42 @@ from grpc import aio
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "libs"))
+sys.path.insert(0, str(REPO))
 
+from bench.service_procs import BIN, MD, cpu_seconds, pct, sampling, start, start_sim  # noqa: E402
 from rollart.local.processes import ManagedProcess  # noqa: E402
-from rollart.runtime.auth import bearer  # noqa: E402
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2  # noqa: E402
 from rollart.v1 import llmproxy_pb2 as lp  # noqa: E402
 from rollart.v1 import llmproxy_pb2_grpc as lg  # noqa: E402
 
-TOKEN = "bench-llmproxy-token-0123456789"
-MD = (bearer(TOKEN),)
-BIN = Path(sys.executable).parent
+#: The bare relays of ``--floor``: name -> bench/bare_relay.py arguments.
+RELAYS = {
+    "relay-yield": ["--mode", "yield"],
+    "relay-write": ["--mode", "write"],
+    "relay-tuned": [
+        "--options",
+        json.dumps(
+            [
+                ["grpc.minimal_stack", 1],
+                ["grpc.enable_channelz", 0],
+                ["grpc.experimental.tcp_min_read_chunk_size", 16384],
+                ["grpc.experimental.tcp_read_chunk_size", 65536],
+            ]
+        ),
+    ],
+}
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def export_proxy(ref: str, tmp: Path) -> Path:
-    """services/llmproxy of git ref ``ref``, unpacked under ``tmp``: the directory to put first on PYTHONPATH."""
+def export_proxy(ref: str, tmp: Path) -> str:
+    """services/llmproxy and libs/rollart (its runtime: server, interceptors, tracing) of git ref ``ref``,
+    unpacked under ``tmp``: the PYTHONPATH entries that put them before this tree's."""
     out = tmp / f"baseline-{ref.replace('/', '_')}"
     out.mkdir(parents=True, exist_ok=True)
     archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", ref, "services/llmproxy"], check=True, capture_output=True
+        ["git", "-C", str(REPO), "archive", ref, "services/llmproxy", "libs/rollart"], check=True, capture_output=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
-    return out / "services" / "llmproxy"
-
-
-def base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLART_")}
-    env.update(
-        ROLLART_LISTEN="127.0.0.1:0",
-        ROLLART_METRICS_LISTEN="127.0.0.1:0",
-        ROLLART_JOB_TOKEN=TOKEN,
-        ROLLART_LOG_FORMAT="text",
-        ROLLART_LOG_LEVEL="WARNING",
-    )
-    env.update(extra)
-    return env
-
-
-def start(name: str, argv: list[str], tmp: Path, timeout: float, **env: str) -> tuple[ManagedProcess, dict]:
-    ready = tmp / "run" / f"{name}.ready"
-    proc = ManagedProcess(
-        name,
-        argv,
-        log_path=tmp / "logs" / f"{name}.log",
-        env=base_env(ROLLART_READY_FILE=str(ready), **env),
-        ready_file=ready,
-    ).start()
-    return proc, proc.wait_ready(timeout)
-
-
-def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+    return os.pathsep.join([str(out / "services" / "llmproxy"), str(out / "libs")])
 
 
 def prompts(n: int, length: int, seed: int) -> list[list[int]]:
@@ -121,10 +105,6 @@ async def timed(stream, by_actor: dict[str, int] | None = None) -> tuple[float, 
     if by_actor is not None:
         by_actor[actor] = by_actor.get(actor, 0) + n
     return (first if first is not None else float("nan")), time.perf_counter() - start, n
-
-
-def sampling(n: int) -> common_pb2.SamplingParams:
-    return common_pb2.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=True)
 
 
 async def latency(actor, proxy, ps: list[list[int]], max_tokens: int, others: dict | None = None) -> dict:
@@ -219,8 +199,9 @@ async def throughput(call, concurrency: int, turns: int, gen_tokens: int, ps: li
     }
 
 
-async def cpu_per_turn(stub, pid: int, tokens: int, turns: int, prompt: list[int]) -> float:
-    """CPU seconds of process ``pid`` per turn while 16 trajectories run ``turns`` turns each of ``tokens``."""
+async def cpu_per_turn(stub, pid: int, tokens: int, turns: int, prompt: list[int], chunk_tokens: int = 1) -> float:
+    """CPU seconds of process ``pid`` per turn while 16 trajectories run ``turns`` turns each of ``tokens``
+    (in chunks of ``chunk_tokens``)."""
 
     async def trajectory(t: int) -> None:
         for k in range(turns):
@@ -230,6 +211,7 @@ async def cpu_per_turn(stub, pid: int, tokens: int, turns: int, prompt: list[int
                     turn=k,
                     input=common_pb2.ModelInput(token_ids=prompt),
                     sampling=sampling(tokens),
+                    chunk_tokens=chunk_tokens,
                 ),
                 metadata=MD,
                 timeout=600,
@@ -242,16 +224,24 @@ async def cpu_per_turn(stub, pid: int, tokens: int, turns: int, prompt: list[int
 
 
 async def cpu_rounds(args, proxies: dict[str, tuple]) -> dict:
+    """Per proxy (and bare relay): CPU per 1-chunk turn, per further chunk (64-token turns in chunks of 1), and
+    per token at each of ``--chunk-sizes`` (64-token turns); median of ``--cpu-rounds`` rounds, the proxies
+    alternating within a round so that load drift hits all of them."""
     prompt = prompts(1, args.prompt_tokens, 5)[0]
-    per: dict[str, dict[int, list[float]]] = {name: {1: [], 64: []} for name in proxies}
+    shapes = [(1, 150, 1), *((64, 8, c) for c in sorted({1, *args.chunk_sizes}))]
+    per: dict[str, dict[tuple, list[float]]] = {name: {shape: [] for shape in shapes} for name in proxies}
     for _ in range(args.cpu_rounds):
-        for tokens, turns in ((1, 150), (64, 8)):
+        for tokens, turns, chunk in shapes:
             for name, (stub, pid) in proxies.items():
-                per[name][tokens].append(await cpu_per_turn(stub, pid, tokens, turns, prompt))
+                per[name][(tokens, turns, chunk)].append(await cpu_per_turn(stub, pid, tokens, turns, prompt, chunk))
     out = {}
     for name, r in per.items():
-        turn, long = float(np.median(r[1])), float(np.median(r[64]))
-        out[name] = {"cpu_ms_per_turn": turn * 1e3, "cpu_us_per_further_chunk": (long - turn) / 63 * 1e6}
+        turn, long = float(np.median(r[(1, 150, 1)])), float(np.median(r[(64, 8, 1)]))
+        out[name] = {
+            "cpu_ms_per_turn": turn * 1e3,
+            "cpu_us_per_further_chunk": (long - turn) / 63 * 1e6,
+            "cpu_us_per_token": {c: float(np.median(r[(64, 8, c)])) / 64 * 1e6 for _, _, c in shapes[1:]},
+        }
     return out
 
 
@@ -261,9 +251,9 @@ async def run(args, infos: dict) -> dict:
     actor = actor_pb2_grpc.ActorStub(actor_ch)
     proxy = lg.LLMProxyStub(proxy_ch)
     others = {}
-    if "llmproxy-baseline" in infos:
-        base = lg.LLMProxyStub(aio.insecure_channel(infos["llmproxy-baseline"]["address"]))
-        others["baseline"] = (base, infos["llmproxy-baseline"]["pid"])
+    for key in [k for k in infos if k == "llmproxy-baseline" or k.startswith("relay-")]:
+        label = "baseline" if key == "llmproxy-baseline" else key
+        others[label] = (lg.LLMProxyStub(aio.insecure_channel(infos[key]["address"])), infos[key]["pid"])
     results: dict = {}
     # Warm both engines on the shapes measured below (oneDNN builds kernels for new batch shapes on first use:
     # seconds on a cold engine), and the proxy's path.
@@ -387,7 +377,8 @@ def table(res: dict, args) -> str:
         lat = res[f"latency_{mt}"]
         for key in [k for k in lat if k != "cpu_ms_per_turn"]:
             what, _, who = key.partition("_")
-            label = {"ttft": "first token", "total": "last token"}[what] + (f" ({who} proxy)" if who else "")
+            label = {"ttft": "first token", "total": "last token"}[what]
+            label += "" if not who else f" ({who})" if who.startswith("relay") else f" ({who} proxy)"
             r = lat[key]
             lines.append(
                 f"| {args.prompt_tokens} in / {mt} out | {label} | {r['direct_p50'] * 1e3:.2f} | {r['direct_p99'] * 1e3:.2f}"
@@ -403,9 +394,18 @@ def table(res: dict, args) -> str:
         lines += ["", "| request | proxy | proxy CPU ms per turn |", "|---|---|---:|"]
         lines += [f"| {args.prompt_tokens} in / {mt} out | {who} | {ms:.3f} |" for mt, who, ms in cpu_rows]
     if "cpu" in res:
-        lines += ["", "| proxy | CPU ms per 1-chunk turn | CPU µs per further chunk |", "|---|---:|---:|"]
+        sizes = list(next(iter(res["cpu"].values()))["cpu_us_per_token"])
         lines += [
-            f"| {who} | {r['cpu_ms_per_turn']:.3f} | {r['cpu_us_per_further_chunk']:.1f} |"
+            "",
+            "| proxy | CPU ms per 1-chunk turn | CPU µs per further chunk | "
+            + " | ".join(f"CPU µs per token, chunks of {c}" for c in sizes)
+            + " |",
+            "|---|---:|---:|" + "---:|" * len(sizes),
+        ]
+        lines += [
+            f"| {who} | {r['cpu_ms_per_turn']:.3f} | {r['cpu_us_per_further_chunk']:.1f} | "
+            + " | ".join(f"{r['cpu_us_per_token'][c]:.1f}" for c in sizes)
+            + " |"
             for who, r in res["cpu"].items()
         ]
     if "tput_direct_a" not in res:
@@ -449,9 +449,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sim", action="store_true", help="simulated actors (bench/sim_actor.py) instead of vLLM")
     parser.add_argument("--sim-ttft-ms", type=float, default=15.0, help="--sim: time to the first chunk")
     parser.add_argument("--sim-token-ms", type=float, default=8.0, help="--sim: time per further token")
+    parser.add_argument(
+        "--sim-coalesce", action="store_true", help="--sim: a chunk carries every token generated since the last"
+    )
     parser.add_argument("--baseline-ref", default="", help="git ref whose proxy runs beside this tree's (latency)")
     parser.add_argument("--latency-only", action="store_true", help="skip the throughput rounds")
     parser.add_argument("--cpu-rounds", type=int, default=0, help="rounds of the proxies' CPU per turn and chunk")
+    parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[4, 16], help="--cpu-rounds: tokens per chunk")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also bare grpc.aio relays (bench/bare_relay.py: async generator, context.write, tuned channel "
+        "arguments) in front of actor A, measured beside the proxy",
+    )
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-llmproxy-"))
     model = args.model
@@ -490,10 +500,7 @@ def main(argv: list[str] | None = None) -> int:
             procs.append(proc)
             infos[name] = info
         if args.sim:
-            sys.path.insert(0, str(REPO))
-            from bench.bench_control_scale import start_sim
-
-            sim, addresses = start_sim(tmp, 2, args.sim_ttft_ms, args.sim_token_ms)
+            sim, addresses = start_sim(tmp, 2, args.sim_ttft_ms, args.sim_token_ms, args.sim_coalesce)
             procs.append(sim)
             infos["actor-a"] = {"address": addresses["sim-0"]}
             infos["actor-b"] = {"address": addresses["sim-1"]}
@@ -505,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         infos["llmproxy"] = info
         if args.baseline_ref:
             shadow = export_proxy(args.baseline_ref, tmp)
-            path = os.pathsep.join(p for p in (str(shadow), os.environ.get("PYTHONPATH", "")) if p)
+            path = os.pathsep.join(p for p in (shadow, os.environ.get("PYTHONPATH", ""), str(REPO)) if p)
             proc, info = start(
                 "llmproxy-baseline",
                 [str(BIN / "rollart-llmproxy")],
@@ -517,6 +524,22 @@ def main(argv: list[str] | None = None) -> int:
             )
             procs.append(proc)
             infos["llmproxy-baseline"] = info
+        if args.floor:
+            for name, extra in RELAYS.items():
+                proc, info = start(
+                    name,
+                    [
+                        sys.executable,
+                        str(REPO / "bench" / "bare_relay.py"),
+                        "--actor",
+                        infos["actor-a"]["address"],
+                        *extra,
+                    ],
+                    tmp,
+                    60,
+                )
+                procs.append(proc)
+                infos[name] = info
         time.sleep(1.5)  # the proxy's first status poll
         res = asyncio.run(run(args, infos))
     finally:
