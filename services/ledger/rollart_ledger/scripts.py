@@ -23,7 +23,7 @@ from importlib import resources
 from typing import Any, Literal, cast
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 from rollart.v1 import common_pb2
 from rollart.v1 import ledger_pb2 as lp
@@ -44,10 +44,12 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "plan_commit",
     "add_prompts",
     "acquire",
+    "acquire_batch",
     "renew",
     "release",
     "cancel",
     "submit",
+    "submit_batch",
     "record_reward",
     "get_batch",
     "ack_batch",
@@ -174,7 +176,7 @@ class WorkReport:
 
 @dataclass(frozen=True)
 class AcquireArgs:
-    """One request of :meth:`LedgerScripts.acquire_many` (the keyword arguments of :meth:`~LedgerScripts.acquire`)."""
+    """One request of :meth:`LedgerScripts.acquire_batch` (the keyword arguments of :meth:`~LedgerScripts.acquire`)."""
 
     holder: str
     max_leases: int
@@ -185,7 +187,7 @@ class AcquireArgs:
 
 @dataclass(frozen=True)
 class Submission:
-    """One result for :meth:`LedgerScripts.submit_many` (the keyword arguments of :meth:`~LedgerScripts.submit`)."""
+    """One result for :meth:`LedgerScripts.submit_batch` (the keyword arguments of :meth:`~LedgerScripts.submit`)."""
 
     lease_id: str
     trajectory_id: str
@@ -275,34 +277,21 @@ class LedgerScripts:
         except ResponseError as exc:
             raise _ledger_error(exc) from None
 
-    async def _run_many(self, name: str, arglists: Sequence[Sequence[Any]]) -> list[Any]:
-        """Runs script ``name`` once per argument list, in order, in one pipeline (one round trip, and one AOF
-        fsync for all of them): each run is its own atomic step, as with :meth:`_run`. Returns the replies in
-        order, a :class:`LedgerError` in place of a run the script refused. A connection lost midway raises
-        (some runs may have happened: the callers' scripts are idempotent, so the whole batch may be retried)."""
-        script = self._scripts[name]
-        out: list[Any] = [None] * len(arglists)
-        pending = list(range(len(arglists)))
-        for _attempt in range(2):
-            pipe = self.redis.pipeline(transaction=False)
-            for i in pending:
-                pipe.evalsha(script.sha, 1, self.prefix, now_ms(), *arglists[i])
-            replies = await pipe.execute(raise_on_error=False)
-            missing = []
-            for i, reply in zip(pending, replies):
-                if isinstance(reply, NoScriptError):
-                    missing.append(i)  # not run (Redis restarted without its script cache): run it again
-                elif isinstance(reply, ResponseError):
-                    out[i] = _ledger_error(reply)
-                elif isinstance(reply, Exception):
-                    raise reply
-                else:
-                    out[i] = reply
-            if not missing:
-                return out
-            await self.load()
-            pending = missing
-        raise RuntimeError(f"script {name} is still missing from Redis after loading it")
+    async def _run_batch(self, name: str, arglists: Sequence[Sequence[Any]]) -> list[Any]:
+        """Runs batch script ``name`` (``acquire_batch``, ``submit_batch``) over the argument lists: one script run,
+        so one round trip and one AOF write and fsync for all items, each item running its single-item logic in
+        turn. Returns the replies in order, a :class:`LedgerError` in place of an item the script refused."""
+        args: list[Any] = [len(arglists)]
+        for a in arglists:
+            args.append(len(a))
+            args.extend(a)
+        out: list[Any] = []
+        for ok, reply in await self._run(name, args):
+            if int(ok):
+                out.append(reply)
+            else:
+                out.append(_ledger_error(ResponseError(_text(reply))))
+        return out
 
     # -------------------------------------------------------------------------------------------- policy
 
@@ -454,9 +443,10 @@ class LedgerScripts:
         out = await self._run("acquire", _acquire_args(AcquireArgs(holder, max_leases, region, group_id, tuple(tasks))))
         return _acquired(out)
 
-    async def acquire_many(self, requests: Sequence[AcquireArgs]) -> list[Acquired | LedgerError]:
-        """:meth:`acquire` for each request, in order, in one round trip (each its own atomic step)."""
-        replies = await self._run_many("acquire", [_acquire_args(r) for r in requests])
+    async def acquire_batch(self, requests: Sequence[AcquireArgs]) -> list[Acquired | LedgerError]:
+        """:meth:`acquire` for each request, in order, in one script run (one round trip, one fsync): each request
+        gets what :meth:`acquire` would have given it after the requests before it."""
+        replies = await self._run_batch("acquire_batch", [_acquire_args(r) for r in requests])
         return [r if isinstance(r, LedgerError) else _acquired(r) for r in replies]
 
     async def renew(self, *, lease_id: str, holder: str) -> lp.Lease:
@@ -488,10 +478,11 @@ class LedgerScripts:
         """:meth:`submit` of one :class:`Submission`."""
         return _verdict(await self._run("submit", _submit_args(submission)))
 
-    async def submit_many(self, submissions: Sequence[Submission]) -> list[Verdict | LedgerError]:
-        """:meth:`submit` for each result, in order, in one round trip: each settled on its own (its own atomic
-        step, its own idempotency per lease and trajectory); the replies are read once Redis has them on disk."""
-        replies = await self._run_many("submit", [_submit_args(x) for x in submissions])
+    async def submit_batch(self, submissions: Sequence[Submission]) -> list[Verdict | LedgerError]:
+        """:meth:`submit` for each result, in order, in one script run (one round trip, one fsync): each settled on
+        its own, as :meth:`submit` settles it (idempotent per lease and trajectory, the first verdict stands); the
+        replies are read once Redis has them on disk."""
+        replies = await self._run_batch("submit_batch", [_submit_args(x) for x in submissions])
         return [r if isinstance(r, LedgerError) else _verdict(r) for r in replies]
 
     async def record_reward(self, *, trajectory_id: str, failed: bool, reward: float) -> RewardRecorded:

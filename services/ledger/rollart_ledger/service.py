@@ -720,7 +720,7 @@ class LedgerService(lg.LedgerServicer):
         open_items = list(range(n))  # requests without a lease or an error yet
         while True:
             event = self.signal.current()
-            got = await self.scripts.acquire_many([args[i] for i in open_items])
+            got = await self.scripts.acquire_batch([args[i] for i in open_items])
             leased = False
             for i, g in zip(open_items, got):
                 if isinstance(g, LedgerError):
@@ -995,7 +995,7 @@ class LedgerService(lg.LedgerServicer):
                 results[i].error.CopyFrom(_item_error(exc))
         fire = False
         if valid:
-            verdicts = await self.scripts.submit_many([x for _, x in valid])
+            verdicts = await self.scripts.submit_batch([x for _, x in valid])
             for (i, _), verdict in zip(valid, verdicts):
                 if isinstance(verdict, LedgerError):
                     results[i].error.CopyFrom(
