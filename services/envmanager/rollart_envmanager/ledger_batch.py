@@ -93,16 +93,18 @@ class Coalescer(Generic[Req, Resp]):
         entry = _Call(request, self._keys(request), size, time.monotonic() + timeout, fut)
         self._queue.append(entry)
         self._pump()
+        # asyncio.timeout around the future itself (no wait_for task, no shield: the hot path of every loop); a
+        # timeout or a cancelled caller cancels the future, which _run then treats as an orphan.
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            async with asyncio.timeout(timeout):
+                return await fut
         except TimeoutError:
             why = f"{self.name}: no answer within {timeout:.1f}s"
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, why) from None
         finally:
-            if not fut.done():  # timed out or cancelled: not sent any more, or its answer is an orphan
-                if entry in self._queue:
-                    self._queue.remove(entry)
+            if not fut.done() or fut.cancelled():  # timed out or cancelled: not sent any more, or an orphan
                 fut.cancel()
+                self._queue = [e for e in self._queue if e is not entry]
 
     def _pump(self) -> None:
         while self._queue and self._in_flight < self.max_in_flight:
