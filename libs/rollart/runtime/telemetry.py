@@ -214,9 +214,17 @@ def inject_metadata(metadata: list[tuple[str, str | bytes]]) -> None:
     metadata.extend((k.lower(), v) for k, v in carrier.items())
 
 
+_PROPAGATED_KEYS: frozenset[str] | None = None
+
+
 def extract_context(metadata: Sequence[tuple[str, Any]] | None) -> context.Context:
-    carrier = {k: v for k, v in (metadata or ()) if isinstance(v, str)}
-    return propagate.extract(carrier)
+    """The trace context and baggage in incoming gRPC metadata; an empty context when it has none (most calls:
+    the propagators are not run then)."""
+    global _PROPAGATED_KEYS
+    if _PROPAGATED_KEYS is None:
+        _PROPAGATED_KEYS = frozenset(propagate.get_global_textmap().fields)
+    carrier = {k: v for k, v in (metadata or ()) if k in _PROPAGATED_KEYS and isinstance(v, str)}
+    return propagate.extract(carrier) if carrier else context.Context()
 
 
 class Stopwatch:
