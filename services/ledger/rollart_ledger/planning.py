@@ -150,7 +150,7 @@ def make_plan(
                     committed=not needs_commit,
                 )
             )
-            updates[aid] = TauUpdate(a.tau, 0)
+            updates[aid] = TauUpdate(a.tau, 0, seen=a.tau)
         else:
             # Eligible but its share rounded to zero: no decay (it was not left out for its state).
             plan.excluded.append(
@@ -161,11 +161,11 @@ def make_plan(
                     tau_after=a.tau,
                 )
             )
-            updates[aid] = TauUpdate(a.tau, a.excluded_steps + 1)
+            updates[aid] = TauUpdate(a.tau, a.excluded_steps + 1, seen=a.tau)
     for aid in sorted(excluded):
         a = present[aid]
         tau_after = a.tau * policy["decay"]
-        updates[aid] = TauUpdate(tau_after, a.excluded_steps + 1)
+        updates[aid] = TauUpdate(tau_after, a.excluded_steps + 1, seen=a.tau)
         plan.excluded.append(
             lp.ExcludedActor(
                 actor_id=aid,
@@ -247,7 +247,11 @@ class StepPlanner:
     ) -> Planned:
         k_plan = self.k(f"plan:{step}")
         async with self.redis.pipeline(transaction=True) as pipe:
-            await pipe.watch(self.k("cur"), self.k("actors"), k_plan, self.k("pol"), self.k("pol:next"))
+            # P aepoch moves with everything of an actor a plan is made of (registration, liveness, draining,
+            # weights, relay), not with heartbeat times or tau: heartbeats and settlements never force a retry.
+            await pipe.watch(
+                self.k("cur"), self.k("actors"), k_plan, self.k("pol"), self.k("pol:next"), self.k("aepoch")
+            )
             # redis-py types replies as bytes | str; this client never decodes them (bytes).
             existing = cast(bytes | None, await pipe.get(k_plan))
             if existing is not None:
@@ -265,9 +269,11 @@ class StepPlanner:
                 raise precondition(f"version {v} is not registered")
             version = common_pb2.PolicyVersion.FromString(vblob)
             ids = sorted(m.decode() for m in cast(set[bytes], await pipe.smembers(self.k("actors"))))
-            if ids:
-                await pipe.watch(*[self.k("a:" + a) for a in ids])
-            raw = {aid: codec.hdict(await pipe.hgetall(self.k("a:" + aid))) for aid in ids}
+            # read after the WATCH, in one round trip on another connection (the watch covers any connection)
+            reads = self.redis.pipeline(transaction=False)
+            for aid in ids:
+                reads.hgetall(self.k("a:" + aid))
+            raw = {aid: codec.hdict(h) for aid, h in zip(ids, await reads.execute())}
             # the policy the step will run under: the pending one, installed by plan_commit, else the one in force
             policy = pol.numbers(await pipe.hgetall(self.k("pol:next")) or await pipe.hgetall(self.k("pol")))
 

@@ -133,6 +133,10 @@ class Command:
 class TauUpdate:
     tau: float
     excluded_steps: int
+    #: the tau the plan read (None: write ``tau`` as it is). The plan does not watch tau (settled work and
+    #: heartbeats move it all the time), so when the stored tau moved since, the script scales the stored value
+    #: by tau / seen (the plan's decay, or 1) instead of overwriting the newer observation.
+    seen: float | None = None
 
 
 @dataclass(frozen=True)
@@ -397,7 +401,8 @@ class LedgerScripts:
             args += [actor_id, requests]
         args.append(len(tau_updates))
         for actor_id, update in tau_updates.items():
-            args += [actor_id, repr(update.tau), update.excluded_steps]
+            seen = "" if update.seen is None else repr(update.seen)
+            args += [actor_id, repr(update.tau), update.excluded_steps, seen]
         args.append(len(commands))
         for c in commands:
             args += [c.target, ",".join(str(k) for k in c.kinds), _flag(c.ack_required), c.command.SerializeToString()]

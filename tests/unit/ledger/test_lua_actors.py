@@ -92,6 +92,49 @@ class TestHeartbeat:
         assert f"{lease.group_id}|{lease.sample_index}" in await store.zmembers("pool")
 
 
+class TestActorEpoch:
+    """P aepoch, what PlanStep watches instead of every actor's hash: it moves with what a plan is made of."""
+
+    async def epoch(self, store) -> int:
+        return int(await store.get("aepoch") or 0)
+
+    async def test_plain_heartbeats_and_tau_do_not_move_it(self, store):
+        await store.actor("a1", relay_id="r1")
+        e = await self.epoch(store)
+        for tps in (0.0, 500.0, 900.0):
+            await beat(store, tps=tps, weights=weights(0), relay_id="r1", in_flight_requests=int(tps))
+        await beat(store)  # nothing reported: kept
+        assert await self.epoch(store) == e
+
+    @pytest.mark.parametrize("change", [
+        {"weights": weights(1)}, {"weights": weights(0, (1,))}, {"draining": True}, {"relay_id": "r2"},
+    ])  # fmt: skip
+    async def test_weights_draining_and_relay_changes_move_it(self, store, change):
+        await store.actor("a1", relay_id="r1")
+        e = await self.epoch(store)
+        await beat(store, **change)
+        assert await self.epoch(store) == e + 1
+
+    async def test_registration_departure_death_and_acknowledged_weights_move_it(self, store):
+        e0 = await self.epoch(store)
+        await store.actor("a1")
+        await store.actor("a2")
+        e1 = await self.epoch(store)
+        assert e1 == e0 + 2
+        await store.scripts.leave_actor("a1")
+        assert await self.epoch(store) == e1 + 1
+        await store.redis.hset(store.k("a:a2"), "hb", 1)  # silent past its timeout: found dead by its heartbeat
+        assert (await beat(store, "a2")).status == "dead"
+        assert await self.epoch(store) == e1 + 2
+        await store.actor("a3")
+        e3 = await self.epoch(store)
+        ack = dict(subscriber_id="a3", ok=True, error="", commit_order_id="")
+        await store.scripts.ack_command(sequence=1, weights=weights(0), **ack)  # the same weights
+        assert await self.epoch(store) == e3
+        await store.scripts.ack_command(sequence=2, weights=weights(1), **ack)
+        assert await self.epoch(store) == e3 + 1
+
+
 class TestLeaveActor:
     async def test_unknown_actor_is_not_found(self, store):
         with pytest.raises(LedgerError) as exc:

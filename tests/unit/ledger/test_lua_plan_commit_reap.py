@@ -49,6 +49,23 @@ class TestPlanCommit:
         assert c2.target == "" and list(c2.kinds) == [K.SUBSCRIBER_KIND_ROUTER, K.SUBSCRIBER_KIND_TRAINER]
         assert c2.sequence == c1.sequence + 1
 
+    async def test_a_tau_that_moved_since_the_plan_read_it_is_scaled_not_overwritten(self, store):
+        await store.ready_job()
+        for aid in ("kept", "moved", "decayed"):
+            await store.actor(aid)
+            await store.redis.hset(store.k("a:" + aid), "tau", "100")
+        # settled work (or a heartbeat) moved two of them after the plan read 100
+        await store.redis.hset(store.k("a:moved"), "tau", "120")
+        await store.redis.hset(store.k("a:decayed"), "tau", "200")
+        await plan_commit(store, taus={
+            "kept": TauUpdate(100.0, 0, seen=100.0),  # unchanged: written as planned
+            "moved": TauUpdate(100.0, 0, seen=100.0),  # the plan kept it: the newer 120 stays
+            "decayed": TauUpdate(50.0, 3, seen=100.0),  # the plan halved it: the newer 200 is halved
+        })  # fmt: skip
+        taus = {aid: float((await store.hash("a:" + aid))["tau"]) for aid in ("kept", "moved", "decayed")}
+        assert taus == {"kept": 100.0, "moved": 120.0, "decayed": 100.0}
+        assert (await store.hash("a:decayed"))["excl"] == "3"
+
     async def test_installs_the_pending_policy_first(self, store):
         await store.ready_job(group_size=2)
         await store.redis.hset(store.k("cur"), mapping={"step": 1, "v": 0, "B": 2})

@@ -177,6 +177,35 @@ class TestStepPlanner:
         assert await store.hash("cur") == {"step": "2", "v": "1", "B": "4"}
         assert await store.redis.xlen(store.k("cmds")) == before + 1  # only RegisterVersion(2)'s broadcast
 
+    async def test_heartbeats_and_settled_work_while_planning_do_not_make_it_retry(self, store, monkeypatch):
+        """Between the plan's reads and its EXEC, every actor heartbeats with a throughput (tau moves) and its
+        heartbeat time moves: the plan commits at the first attempt (it once watched every actor's hash and
+        retried, up to ABORTED, under a high heartbeat or settle rate); a change of weights does make it retry."""
+        actors = [(f"a{i}", 1, ()) for i in range(8)]
+        planner = await self.prepare(store, *actors)
+        commit = store.scripts.plan_commit
+        calls: list[int] = []
+        reweigh = {"on": False}
+
+        async def busy_commit(**kw):
+            calls.append(1)
+            for aid, _, _ in actors:
+                w = weights(1, (2,)) if reweigh["on"] and len(calls) == 1 else None
+                await store.scripts.heartbeat(actor_id=aid, weights=w, observed_tokens_per_s=100.0 * len(calls),
+                                              in_flight_requests=3, draining=False, relay_id="")  # fmt: skip
+            return await commit(**kw)
+
+        monkeypatch.setattr(store.scripts, "plan_commit", busy_commit)
+        got = await planner.plan(step=1, version=1, batch_size=8, commit_deadline=None)
+        assert got.created and len(calls) == 1
+        taus = [float((await store.hash(f"a:{aid}"))["tau"]) for aid, _, _ in actors]
+        assert taus == [100.0] * 8  # the observations made while planning are kept (the plan's factor was 1)
+
+        calls.clear()
+        reweigh["on"] = True  # the first attempt's heartbeats stage a new version: that plan is stale
+        got = await planner.plan(step=2, version=1, batch_size=8, commit_deadline=None)
+        assert got.created and len(calls) == 2
+
     async def test_get_of_a_step_never_planned_is_not_found(self, store):
         planner = await self.prepare(store)
         for step in (0, 4):

@@ -16,6 +16,7 @@ if ARGV[6] ~= '' then
   redis.call('HSET', k('commit'), ARGV[6], state)
 end
 if ARGV[7] ~= '' and redis.call('EXISTS', k('a:' .. ARGV[2])) == 1 then
+  if redis.call('HGET', k('a:' .. ARGV[2]), 'w') ~= ARGV[7] then actors_changed() end
   redis.call('HSET', k('a:' .. ARGV[2]), 'w', ARGV[7])
 end
 return 1

@@ -8,10 +8,11 @@
 -- dead or departed: nothing changes) or 'dead' (silent past the policy's actor timeout: presumed dead now,
 -- its leases returned to the pool).
 -- Invariants: a dead or departed actor must register again; a heartbeat never revives it.
+-- P aepoch (what PlanStep watches) moves only when draining, weights or relay change, or the actor is found dead.
 
 local aid = ARGV[2]
 local ak = k('a:' .. aid)
-local r = redis.call('HMGET', ak, 'live', 'hb')
+local r = redis.call('HMGET', ak, 'live', 'hb', 'w', 'relay')
 if r[1] == false or r[1] == '3' or r[1] == '4' then return {'unknown', '0', 0} end
 if tonumber(r[2]) + pol('tout') < NOW then
   actor_gone(aid, 3, 2)
@@ -19,6 +20,9 @@ if tonumber(r[2]) + pol('tout') < NOW then
 end
 local live = 1
 if ARGV[6] == '1' then live = 2 end
+if r[1] ~= tostring(live) or (ARGV[3] ~= '' and ARGV[3] ~= r[3]) or (ARGV[7] ~= '' and ARGV[7] ~= r[4]) then
+  actors_changed()  -- draining, weights or relay changed: a plan read before is stale (a plain heartbeat is not)
+end
 redis.call('HSET', ak, 'hb', int(NOW), 'infl', ARGV[5], 'drain', ARGV[6], 'live', live)
 if ARGV[3] ~= '' then redis.call('HSET', ak, 'w', ARGV[3]) end
 if ARGV[7] ~= '' then redis.call('HSET', ak, 'relay', ARGV[7]) end

@@ -7,7 +7,8 @@
 -- commands, then cancels active leases outside the new staleness window.
 -- ARGV[2] step, ARGV[3] v, ARGV[4] B, ARGV[5] StepPlan blob, then
 --   nq, (actor, quota)*          quotas (0 is not written)
---   nt, (actor, tau, excluded)*  tau and excluded-steps updates
+--   nt, (actor, tau, excluded, seen)*  tau and excluded-steps updates; seen: the tau the plan read ('' none):
+--                                when the stored tau moved since (tau is not watched), it is scaled by tau / seen
 --   nc, (target, kinds, ack, LedgerCommand blob)*   commands, in order (Commit(v) before StepPlanned)
 -- Returns the number of leases cancelled as STALE (v_j below the next batch's floor, next_floor(v); none under
 -- AT_START); their samples go back to the pool, and buffered samples below that floor are evicted (counted
@@ -32,8 +33,13 @@ for _ = 1, nq do
 end
 local nt = tonumber(ARGV[i]); i = i + 1
 for _ = 1, nt do
-  redis.call('HSET', k('a:' .. ARGV[i]), 'tau', ARGV[i + 1], 'excl', ARGV[i + 2])
-  i = i + 3
+  local ak, tau, seen = k('a:' .. ARGV[i]), ARGV[i + 1], tonumber(ARGV[i + 3])
+  if seen ~= nil and seen > 0 then
+    local stored = tonumber(redis.call('HGET', ak, 'tau'))
+    if stored ~= nil and stored ~= seen then tau = f17(stored * tonumber(tau) / seen) end
+  end
+  redis.call('HSET', ak, 'tau', tau, 'excl', ARGV[i + 2])
+  i = i + 4
 end
 local nc = tonumber(ARGV[i]); i = i + 1
 for _ = 1, nc do

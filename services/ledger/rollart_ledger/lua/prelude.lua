@@ -331,11 +331,17 @@ local function tau_observe(ak, obs)
   return tau
 end
 
+-- PlanStep (planning.py) watches P aepoch, not every actor's hash: every change of what a plan is made of
+-- (registration, liveness, draining, weights, relay) moves it; heartbeat times, in-flight counts, settled tokens
+-- and tau do not (the plan scales a tau that moved, plan_commit.lua), so they never make planning retry.
+local function actors_changed() redis.call('INCR', k('aepoch')) end
+
 -- An actor that left or was presumed dead: the leases it holds go back to the pool, the leases assigned to
 -- it lose the assignment, and its share of the step's quota is dropped.
 local function actor_gone(aid, live, release_reason)
   local ak = k('a:' .. aid)
   redis.call('HSET', ak, 'live', live)
+  actors_changed()
   local returned, unassigned = 0, 0
   for _, lid in ipairs(redis.call('SMEMBERS', k('h:' .. aid))) do
     local L = hmap(k('l:' .. lid))

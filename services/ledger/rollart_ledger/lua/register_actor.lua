@@ -14,4 +14,5 @@ end
 redis.call('HSET', ak, 'info', ARGV[3], 'w', ARGV[4], 'region', ARGV[5], 'relay', ARGV[6],
   'live', 1, 'hb', int(NOW), 'reg', int(NOW), 'drain', 0, 'infl', 0)
 redis.call('SADD', k('actors'), ARGV[2])
+actors_changed()
 return redis.call('HGETALL', ak)
