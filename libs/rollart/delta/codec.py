@@ -66,22 +66,24 @@ def extract_tensor(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Changed positions of an engine tensor (member block offsets added) and the new raw values."""
     dtype = dt.by_name(et.dtype)
+    members: list[tuple[np.ndarray, np.ndarray, int]] | None = []
+    for p in et.parts:
+        a, b = base[p.hf_name], target[p.hf_name]
+        if a.shape != b.shape or not a.dtype.itemsize == b.dtype.itemsize == dtype.itemsize or members is None:
+            members = None
+            continue
+        flat_a, flat_b = (np.ascontiguousarray(x).reshape(-1).view(dtype.raw) for x in (a, b))
+        members.append((flat_a, flat_b, p.offset))
+    fast = kernels.scan_parts(members) if members else None
+    if fast is not None:  # one compiled pass over every member: compare, positions and values (same as below)
+        return fast
     idx_parts, val_parts = [], []
     for p in et.parts:
         a, b = base[p.hf_name], target[p.hf_name]
-        fast = None
-        if a.shape == b.shape and a.dtype.itemsize == b.dtype.itemsize == dtype.itemsize:
-            fast = kernels.scan_changed(
-                np.ascontiguousarray(a).reshape(-1).view(dtype.raw), np.ascontiguousarray(b).reshape(-1).view(dtype.raw)
-            )
-        if fast is not None:  # one compiled pass: compare, positions and values (the same as below)
-            pos, vals = fast
-        else:
-            pos = changed_positions(a, b)
-            vals = np.ascontiguousarray(b).reshape(-1).view(dtype.raw)[pos]
+        pos = changed_positions(a, b)
         if pos.size:
             idx_parts.append(pos + p.offset if p.offset else pos)
-            val_parts.append(vals)
+            val_parts.append(np.ascontiguousarray(b).reshape(-1).view(dtype.raw)[pos])
     if not idx_parts:
         return np.empty(0, np.int64), np.empty(0, dtype.raw)
     if len(idx_parts) == 1:
@@ -146,20 +148,26 @@ class _Part:
         return len(self.index_stream) + len(self.value_stream)
 
 
-def _gap_stream(idx: np.ndarray, itemsize: int, budget: int) -> tuple[np.ndarray, list[int], Callable[[int], int]]:
-    """LEB128 of the gaps between ascending positions, segment bounds within ``budget``, gap start offsets.
+def _gap_stream(idx: np.ndarray, itemsize: int, budget: int) -> tuple[np.ndarray, list[int], list[tuple[int, int]]]:
+    """LEB128 of the gaps between ascending positions, segment bounds within ``budget``, and each segment's
+    slice ``(lo, hi)`` of the gap stream (its entries after the first: the first is stored absolute).
 
-    Vectorised; the loops run once per segment. When few gaps need more than one byte (densities above
-    ~3%), the stream is the gaps' low bytes with the few continuation bytes inserted, and offsets come from
-    the cumulative extra bytes of those few, instead of full-length uint64 passes.
+    The cut rule (the encoder's choice, not the format's): with cost[j] = gap-stream bytes through entry j +
+    values through entry j, a segment starting at entry s ends before the first j whose cost exceeds
+    cost[s-1] + budget (it counts the unstored gap into s, so it is at most one gap short of full). The
+    compiled :func:`kernels.gap_segments` does all this in one pass; the numpy code below gives the same.
+    When few gaps need more than one byte (densities above ~3%), the stream is the gaps' low bytes with the
+    few continuation bytes inserted, and offsets come from the cumulative extra bytes of those few.
     """
+    fast = kernels.gap_segments(idx, itemsize, budget)
+    if fast is not None:
+        return fast
     n = idx.size
     if n and int(idx[-1]) < 2**32:  # real tensors: 32-bit gaps halve the memory traffic of the passes below
         gaps = np.empty(n - 1, np.uint32)
         np.subtract(idx[1:], idx[:-1], out=gaps, casting="unsafe")
     else:
         gaps = np.diff(idx).astype(np.uint64)
-    per_entry = 1 + itemsize
     big = np.flatnonzero(gaps >= 0x80)
     if big.size * 8 <= gaps.size:
         stream = gaps.astype(np.uint8)
@@ -176,30 +184,31 @@ def _gap_stream(idx: np.ndarray, itemsize: int, budget: int) -> tuple[np.ndarray
         def starts(g: int) -> int:  # offset of gap g (g == len(gaps): the end)
             return g + int(extra_cum[np.searchsorted(big, g, side="left")])
 
-        bounds = [0]
-        while bounds[-1] < n:  # one iteration per segment (plus a few to shrink past multi-byte gaps)
-            s = bounds[-1]
-            e = min(n, s + (budget + 1) // per_entry)
-            while e > s + 1 and (e - s) * itemsize + starts(e - 1) - starts(s) > budget:
-                over = (e - s) * itemsize + starts(e - 1) - starts(s) - budget
-                e = max(s + 1, e - max(1, -(-over // per_entry)))
-            bounds.append(e)
-        return stream, bounds, starts
-    fast = kernels.gap_leb128(idx)
-    if fast is not None:
-        stream, ends = fast
     else:
         lengths = leb128.encoded_lengths(gaps)
         stream = np.frombuffer(leb128.encode(gaps, lengths), np.uint8)
         ends = np.zeros(n, dtype=np.int64)
         np.cumsum(lengths, out=ends[1:])
-    cost = ends + np.arange(1, n + 1, dtype=np.int64) * itemsize  # cumulative bytes through entry j
+
+        def starts(g: int) -> int:
+            return int(ends[g])
+
+    def cost(j: int) -> int:  # bytes through entry j (gap stream through gap j-1, values through entry j)
+        return starts(j) + (j + 1) * itemsize
+
     bounds = [0]
-    while bounds[-1] < n:  # one iteration per segment, not per entry
+    while bounds[-1] < n:  # one binary search per segment (cost is strictly increasing)
         s = bounds[-1]
-        used = int(cost[s - 1]) if s else 0
-        bounds.append(int(np.searchsorted(cost, used + budget, side="right")))
-    return stream, bounds, lambda g: int(ends[g])
+        limit = (cost(s - 1) if s else 0) + budget
+        a, b = s + 1, n  # the answer: the first j in [a, n) with cost(j) > limit, else n
+        while a < b:
+            m = (a + b) // 2
+            if cost(m) > limit:
+                b = m
+            else:
+                a = m + 1
+        bounds.append(a)
+    return stream, bounds, [(starts(s), starts(e - 1)) for s, e in itertools.pairwise(bounds)]
 
 
 class DeltaWriter:
@@ -320,16 +329,16 @@ class DeltaWriter:
 
     def _sparse_parts(self, idx: np.ndarray, vals: np.ndarray, d: dt.DType, budget: int) -> list[_Part]:
         # Each segment stores its first position absolute (at most 10 bytes: the reserve taken off
-        # `budget`) and then the gaps to the following positions; gaps[g] belongs to entry g+1, and
-        # starts[g] is where it starts in the gap stream, so segment [s, e) takes stream[starts[s]:starts[e-1]].
-        # Segments are cut by their raw size; coding can only make them smaller.
-        stream, bounds, starts = _gap_stream(idx, d.itemsize, budget)
+        # `budget`) and then the gaps to the following positions (gap g belongs to entry g+1: segment [s, e)
+        # takes gaps s .. e-2, its slice (lo, hi) of the stream). Segments are cut by their raw size; coding
+        # can only make them smaller.
+        stream, bounds, slices = _gap_stream(idx, d.itemsize, budget)
         v2 = self.format_version == sg.FORMAT_V2
         parts = []
-        for p in range(len(bounds) - 1):
+        for p, (lo, hi) in enumerate(slices):
             s, e = bounds[p], bounds[p + 1]
             first = leb128.encode(idx[s : s + 1].astype(np.uint64))
-            index_stream = first + stream[starts(s) : starts(e - 1)].tobytes()
+            index_stream = first + stream[lo:hi].tobytes()
             seg_vals = vals[s:e]
             if v2:
                 ic, index_stream = streams.code_index(index_stream)

@@ -24,6 +24,11 @@ from .errors import FormatError
 from .leb128 import MAX_LEB_BYTES, decode_indices
 
 ZSTD_LEVEL = 1  # the encoder's choice (not part of the format); fixed so that re-encoding gives identical bytes
+# Level 1's match finder with a 64-entry hash table (2^6, libzstd's minimum; level 1 uses 2^13): the streams are
+# byte planes and LEB128 gaps, whose long matches are rare, so the big table mostly costs cache misses. On
+# bf16 value planes and gap streams it is 2-2.6x faster than plain level 1 and 0-5% smaller (fewer short
+# matches, more Huffman-coded literals); measured in bench/RESULTS.md ("Weight plane: codec").
+ZSTD_HASH_LOG = 6
 
 _local = threading.local()
 
@@ -32,7 +37,10 @@ def _cctx() -> zstandard.ZstdCompressor:
     c = getattr(_local, "cctx", None)
     if c is None:
         # Single-threaded, content size written, no checksum (CRC-32 and HMAC cover the bytes): deterministic.
-        c = _local.cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, write_checksum=False)
+        params = zstandard.ZstdCompressionParameters.from_level(
+            ZSTD_LEVEL, hash_log=ZSTD_HASH_LOG, write_content_size=True, write_checksum=False
+        )
+        c = _local.cctx = zstandard.ZstdCompressor(compression_params=params)
     return c
 
 

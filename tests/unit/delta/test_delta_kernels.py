@@ -6,11 +6,13 @@ and the fallback test still runs.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from rollart.delta import WeightSet, encode_delta, kernels, leb128
-from rollart.delta.codec import changed_positions
+from rollart.delta.codec import _gap_stream, changed_positions
 
 needs_numba = pytest.mark.skipif(not kernels.available(), reason="numba not installed: the numpy path is used")
 KEY = b"k" * 32
@@ -49,23 +51,55 @@ def test_scan_grows_when_the_sample_misleads() -> None:
 
 
 @needs_numba
-def test_scan_declines_dense_small_and_other_widths() -> None:
-    a, b = _pair(kernels.MIN_ELEMENTS * 2, 0.5)
-    assert kernels.scan_changed(a, b) is None  # dense change: numpy's nonzero is faster
+def test_scan_takes_dense_changes_and_declines_small_and_other_widths() -> None:
+    a, b = _pair(kernels.MIN_ELEMENTS * 2 + 5, 0.5)
+    got = kernels.scan_changed(a, b)  # faster than numpy at every density, so it takes them all
+    assert got is not None and np.array_equal(got[0], changed_positions(a, b))
+    b = a + np.uint16(1)  # every entry
+    got = kernels.scan_changed(a, b)
+    assert got is not None and np.array_equal(got[0], np.arange(a.size)) and np.array_equal(got[1], b)
     assert kernels.scan_changed(a[:100], b[:100]) is None
-    assert kernels.scan_changed(a.view(np.uint32), b.view(np.uint32)) is None
+    assert kernels.scan_changed(a[:-5].view(np.uint32), b[:-5].view(np.uint32)) is None
 
 
 @needs_numba
-def test_gap_stream_matches_leb128() -> None:
-    rng = np.random.default_rng(3)
-    idx = np.cumsum(rng.choice([1, 5, 127, 128, 300, 20000, 3_000_000], 50_000)).astype(np.int64)
-    got = kernels.gap_leb128(idx)
+def test_scan_parts_concatenates_members_with_their_offsets() -> None:
+    """A fused engine tensor (e.g. q/k/v): members scanned into one pair of arrays, offsets added; the
+    output grows when a later member changes far more than the first ones' samples said."""
+    n = kernels.MIN_ELEMENTS * 3 + 7
+    (a0, b0), (a1, b1), (a2, b2) = _pair(n, 0.001, 1), _pair(n, 0.02, 2), _pair(n, 0.0, 3)
+    b2[_SAMPLE_END:] ^= 3  # nearly all of member 2, none of it in its sample
+    members = [(a0, b0, 0), (a1, b1, n), (a2, b2, 2 * n)]
+    got = kernels.scan_parts(members)
     assert got is not None
-    gaps = np.diff(idx).astype(np.uint64)
-    lengths = leb128.encoded_lengths(gaps)
-    assert got[0].tobytes() == leb128.encode(gaps, lengths)
-    assert np.array_equal(got[1][1:], np.cumsum(lengths)) and got[1][0] == 0
+    want = [changed_positions(a, b) for a, b, _ in members]
+    assert np.array_equal(got[0], np.concatenate([w + off for w, (_, _, off) in zip(want, members, strict=True)]))
+    assert np.array_equal(got[1], np.concatenate([b[w] for w, (_, b, _) in zip(want, members, strict=True)]))
+    assert kernels.scan_parts([(a0, b0, 0), (a0[:100], b0[:100], n)]) is None  # one member too small
+
+
+_SAMPLE_END = 1 << 16  # kernels._SAMPLE
+
+
+@needs_numba
+@pytest.mark.parametrize("budget", [4096 - 10, 64 * 1024, 4 * 1024 * 1024])
+@pytest.mark.parametrize("gaps", [[1, 2, 5], [1, 5, 127, 128, 300], [1, 5, 127, 128, 300, 20000, 3_000_000]])
+def test_gap_segments_match_numpy(gaps: list[int], budget: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-pass kernel gives the numpy code's stream, cuts and slices: with few multi-byte gaps (numpy's
+    low-byte path), many, and huge ones; segments that fit the budget and cover every entry once."""
+    rng = np.random.default_rng(3)
+    idx = np.cumsum(rng.choice(gaps, 50_000)).astype(np.int64)
+    got = kernels.gap_segments(idx, 2, budget)
+    assert got is not None
+    monkeypatch.setitem(kernels._state, "ok", False)
+    want = _gap_stream(idx, 2, budget)
+    assert got[0].tobytes() == want[0].tobytes() == leb128.encode(np.diff(idx).astype(np.uint64))
+    assert got[1] == want[1] and got[2] == want[2]
+    bounds, slices = got[1], got[2]
+    assert bounds[0] == 0 and bounds[-1] == idx.size and len(slices) == len(bounds) - 1
+    for (s, e), (lo, hi) in zip(itertools.pairwise(bounds), slices, strict=True):
+        assert e > s and (hi - lo) + (e - s) * 2 <= budget
+        assert leb128.decode_indices(got[0][lo:hi], e - s - 1, 2**62).size == e - s - 1
 
 
 def _model(density: float) -> tuple[WeightSet, WeightSet]:
@@ -105,4 +139,4 @@ def test_disabled_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ROLLART_DELTA_NUMBA", "0")
     assert not kernels.available()
     a, b = _pair(kernels.MIN_ELEMENTS, 0.01)
-    assert kernels.scan_changed(a, b) is None and kernels.gap_leb128(np.arange(10_000)) is None
+    assert kernels.scan_changed(a, b) is None and kernels.gap_segments(np.arange(10_000), 2, 4096) is None
