@@ -8,7 +8,8 @@ work; what this relay costs is one Python gRPC hop. Variants, side by side in th
 - ``--mode yield``: the handler is an async generator (as the proxy's), ``--mode write``: it writes each response
   with ``context.write`` and reads the actor's with ``call.read()`` (the "reader/writer" API, no generators);
 - ``--options JSON``: channel arguments for both the server and the actor channel (e.g. ``grpc.minimal_stack``,
-  ``grpc.experimental.tcp_read_chunk_size``).
+  ``grpc.experimental.tcp_read_chunk_size``);
+- ``--loop asyncio``: the standard library's event loop instead of uvloop (which every RollArt service runs on).
 
     python bench/bare_relay.py --actor 127.0.0.1:PORT --ready-file F [--mode write] [--options '[["k", 1]]']
 
@@ -87,11 +88,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--mode", choices=("yield", "write"), default="yield")
     p.add_argument("--options", default="[]", help="JSON list of [name, value] channel arguments")
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     a = p.parse_args(argv)
-    import uvloop  # as every RollArt service (rollart.runtime.server.run_service)
-
     options = [(str(k), v) for k, v in json.loads(a.options)]
-    uvloop.run(serve(a.actor, a.ready_file, a.mode, options))
+    if a.loop == "asyncio":
+        import asyncio
+
+        asyncio.run(serve(a.actor, a.ready_file, a.mode, options))
+    else:
+        import uvloop  # as every RollArt service (rollart.runtime.server.run_service)
+
+        uvloop.run(serve(a.actor, a.ready_file, a.mode, options))
     return 0
 
 

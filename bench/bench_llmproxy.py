@@ -14,7 +14,7 @@ actor protocol with a fixed timing model, no engine) to measure the proxy alone 
 runtime libs/rollart, shadowing this tree's on PYTHONPATH) beside this tree's, in front of the same actor: the
 latency pairs become triples (direct, proxy, baseline proxy) in rotating order, so that both proxies see the same
 load. ``--floor`` adds bare grpc.aio relays (``bench/bare_relay.py``: one Python gRPC hop and nothing else, as an
-async generator, with ``context.write``, and with tuned channel arguments) to the same rotation.
+async generator, with ``context.write``, on asyncio's own loop, with tuned channel arguments) to the same rotation.
 The proxies' CPU per latency turn (user + system, from /proc) is reported beside the latency.
 ``--cpu-rounds N``: each proxy (and relay) also serves 16 concurrent trajectories of 1-token turns, then of
 64-token turns in chunks of 1 and of each ``--chunk-sizes``, N rounds alternating the proxies; its CPU per 1-chunk
@@ -59,6 +59,7 @@ from rollart.v1 import llmproxy_pb2_grpc as lg  # noqa: E402
 RELAYS = {
     "relay-yield": ["--mode", "yield"],
     "relay-write": ["--mode", "write"],
+    "relay-asyncio": ["--loop", "asyncio"],
     "relay-tuned": [
         "--options",
         json.dumps(
@@ -458,9 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[4, 16], help="--cpu-rounds: tokens per chunk")
     parser.add_argument(
         "--floor",
-        action="store_true",
-        help="also bare grpc.aio relays (bench/bare_relay.py: async generator, context.write, tuned channel "
-        "arguments) in front of actor A, measured beside the proxy",
+        nargs="*",
+        choices=sorted(RELAYS),
+        help="also bare grpc.aio relays (bench/bare_relay.py: async generator, context.write, asyncio's loop "
+        "instead of uvloop, tuned channel arguments; all of them when none is named) in front of actor A, measured beside the proxy",
     )
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-llmproxy-"))
@@ -524,8 +526,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             procs.append(proc)
             infos["llmproxy-baseline"] = info
-        if args.floor:
+        if args.floor is not None:
             for name, extra in RELAYS.items():
+                if args.floor and name not in args.floor:
+                    continue
                 proc, info = start(
                     name,
                     [
