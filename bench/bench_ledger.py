@@ -2,7 +2,7 @@
 store's limit (redis-benchmark SET on the same redis-server), with CPU per op; GetBatch latency.
 
     .venv/bin/python -m bench.bench_ledger [--seconds 8] [--clients 1 8 32] [--modes single batched]
-                                           [--json PATH] [--py-spy PATH]
+                                           [--json PATH] [--py-spy PATH] [--baseline PATH]
 
 Starts a private redis-server (AOF, appendfsync always: what `rollart up` runs) and a real rollart-ledger
 process. For each client count, each mode runs that many concurrent environment loops (asyncio, one process),
@@ -11,8 +11,8 @@ each its own holder, each looping "take one lease, settle it":
 * ``single``: AcquireLeases(max 1) + Submit per op, two RPCs and two fsync'ed scripts per op (issue 17's
   baseline);
 * ``batched``: the envmanager's own client (rollart_envmanager.ledger_batch.LedgerBatcher): the loops' calls
-  made while a batch is in flight leave together as one AcquireLeasesBatch / SubmitBatch, whose items the
-  ledger runs as pipelined scripts (one round trip to Redis and one fsync per batch).
+  made while a batch is in flight leave together as one AcquireLeasesBatch / SubmitBatch, which the ledger runs
+  as one script each (acquire_batch.lua, submit_batch.lua: one round trip to Redis and one fsync per batch).
 
 One op is one lease acquired and its result admitted (with its reward). Right after each client count,
 redis-benchmark measures SET on the same redis-server with as many connections, so ``ops / SET`` shows how
@@ -20,7 +20,8 @@ close the ledger gets to its store's limit. CPU per op is measured for the ledge
 client process (the three share the machine). With ``--py-spy`` (a py-spy binary; `pip install py-spy`) the
 ledger is sampled during the last batched row and its hottest functions are printed. GetBatch latency is
 measured on a buffer of complete groups (B = one group, then AckBatch). JSON (one object per row) goes to
-``--json`` (default bench/out/ledger.json).
+``--json`` (default bench/out/ledger.json). ``--baseline`` (the JSON of an earlier run, e.g. of an older commit
+run from a git worktree just before) adds a table of this run beside it, row by row.
 """
 
 from __future__ import annotations
@@ -230,6 +231,26 @@ def py_spy_top(raw: Path, top: int = 15) -> list[tuple[str, float, float]]:
     return [(f, 100 * n / max(total, 1), 100 * incl[f] / max(total, 1)) for f, n in selft.most_common(top)]
 
 
+def print_beside(baseline: Path, rows: list[dict]) -> None:
+    """This run's rows beside a baseline's (same clients and mode): ops/s, ratio to SET, CPU per op."""
+    old = {(r["clients"], r["mode"]): r for r in map(json.loads, baseline.read_text().splitlines()) if r}
+
+    def cpu(r: dict) -> float:
+        return r["ledger_cpu_ms_per_op"] + r["redis_cpu_ms_per_op"] + r["client_cpu_ms_per_op"]
+
+    print(f"\nBeside {baseline}:")
+    print("| clients | mode | ops/s before | ops/s now | now / before | ops/SET before | ops/SET now |"
+          " CPU ms/op before (ledger+Redis+client) | now | Redis CPU ms/op before | now |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        b = old.get((r["clients"], r["mode"]))
+        if b is None:
+            continue
+        print(f"| {r['clients']} | {r['mode']} | {b['ops_per_s']:.0f} | {r['ops_per_s']:.0f} | "
+              f"{r['ops_per_s'] / b['ops_per_s']:.2f}x | {b['ratio_vs_set']:.3f} | {r['ratio_vs_set']:.3f} | "
+              f"{cpu(b):.3f} | {cpu(r):.3f} | {b['redis_cpu_ms_per_op']:.3f} | {r['redis_cpu_ms_per_op']:.3f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=8.0, help="measuring time per row")
@@ -242,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--getbatch-calls", type=int, default=300)
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "out" / "ledger.json")
     parser.add_argument("--py-spy", type=Path, help="py-spy binary: sample the ledger during the last batched row")
+    parser.add_argument("--baseline", type=Path, help="JSON rows of an earlier run: print this run beside them")
     args = parser.parse_args(argv)
     from rollart_envmanager.ledger_batch import MAX_IN_FLIGHT
 
@@ -290,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             prompts = [lp.Prompt(prompt_id=f"p{start + j}", task="math") for j in range(2000)]
             stub.AddPrompts(lp.AddPromptsRequest(prompts=prompts), metadata=MD, timeout=120)
         r = redis.Redis.from_url(url)
+        r.config_resetstat()  # EVALSHA's time per call below: the rows' scripts, not the setup's AddPrompts
         me = os.getpid()
         for n in args.clients:
             for mode in args.modes:
@@ -377,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         print("| function | self % | inclusive % |\n|---|---:|---:|")
         for f, sp, ip in profile:
             print(f"| `{f}` | {sp:.1f} | {ip:.1f} |")
+    if args.baseline is not None and args.baseline.exists():
+        print_beside(args.baseline, rows)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     with args.json.open("w") as fh:
         for row in rows:

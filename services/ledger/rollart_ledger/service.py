@@ -941,16 +941,17 @@ class LedgerService(lg.LedgerServicer):
         )
 
     @staticmethod
-    def _submit_response(verdict: Verdict) -> lp.SubmitResponse:
-        resp = lp.SubmitResponse(
-            admitted=verdict.admitted,
-            reason=verdict.reason,
-            detail=verdict.detail,
-            duplicate=verdict.duplicate,
-            group_complete=verdict.group_complete,
-            group_admitted=verdict.group_admitted,
-            awaiting_reward=verdict.awaiting_reward,
-        )
+    def _submit_response(verdict: Verdict, resp: lp.SubmitResponse | None = None) -> lp.SubmitResponse:
+        """The verdict as a SubmitResponse, written into ``resp`` when given (a batch's result, no copy)."""
+        if resp is None:
+            resp = lp.SubmitResponse()
+        resp.admitted = verdict.admitted
+        resp.reason = verdict.reason
+        resp.detail = verdict.detail
+        resp.duplicate = verdict.duplicate
+        resp.group_complete = verdict.group_complete
+        resp.group_admitted = verdict.group_admitted
+        resp.awaiting_reward = verdict.awaiting_reward
         if verdict.lease is not None:
             resp.lease.CopyFrom(verdict.lease)
         SUBMISSIONS.labels(
@@ -1002,7 +1003,7 @@ class LedgerService(lg.LedgerServicer):
                         _item_error(errors.error_for(verdict.code, f"submissions[{i}]: {verdict.message}"))
                     )
                     continue
-                results[i].response.CopyFrom(self._submit_response(verdict))
+                self._submit_response(verdict, results[i].response)
                 fire = fire or not verdict.duplicate
         if fire:
             self.signal.fire()

@@ -149,8 +149,9 @@ local function group_end(gid, st)
 end
 
 -- ------------------------------------------------------------------------------------------ leases
-local function lease_close(lid, L, st)
-  redis.call('HSET', k('l:' .. lid), 'st', st, 'end', int(NOW))
+-- ``...``: more (field, value) pairs written with the state, in the same HSET.
+local function lease_close(lid, L, st, ...)
+  redis.call('HSET', k('l:' .. lid), 'st', st, 'end', int(NOW), ...)
   redis.call('ZREM', k('active'), lid)
   redis.call('SREM', k('h:' .. L.holder), lid)
   if L.as ~= nil and L.as ~= '' then redis.call('SREM', k('as:' .. L.as), lid) end
@@ -400,7 +401,8 @@ end
 -- ``scan``: how many pool slots to read (all pending slots of the group for a group filter).
 local function acquire_view(gfilter, tasks, ntasks, scan)
   local cur = redis.call('HMGET', k('cur'), 'v', 'step', 'B')
-  local V = {planned = cur[1] ~= false, ver = cur[1], groups = {}, gone = {}, ngone = 0, tinflight = {}, regions = {}}
+  local V = {planned = cur[1] ~= false, ver = cur[1], groups = {}, gone = {}, ngone = 0, tinflight = {}, regions = {},
+    gids = {}, progress = {}}  -- gids: each scanned slot's group; progress: admitted + leased per group
   if V.ver == false then V.ver = redis.call('GET', k('latest')) end
   if V.ver == false then return V end
   V.step, V.B = tn(cur[2], 0), tn(cur[3], 0)
@@ -440,14 +442,23 @@ local function acquire_take(V, holder, max, region, chunk)
 
   -- Started groups first, the one closest to complete (admitted + leased samples) first, then pool order: work
   -- finishes the groups a batch is waiting for before it starts new ones.
-  local progress_of = {}  -- a group's progress is counted once, not once per candidate slot of it
+  -- A group's progress is counted once per view (not once per candidate slot of it, nor per request): only
+  -- the leases issued from the view change it, and they add one each.
+  local gids, progress_of = V.gids, V.progress
   local order = {}
   for pos, c in ipairs(V.scan) do
     if #order >= chunk then break end
     if not V.gone[pos] then
-      local gid = type(c) == 'table' and c[1] or string.match(c, '^(.*)|%d+$')
-      local G = groups[gid]
-      if G == nil and gid ~= nil then G = gload(gid); groups[gid] = G or false end
+      local gid = gids[pos]
+      if gid == nil then
+        gid = type(c) == 'table' and c[1] or string.match(c, '^(.*)|%d+$') or false
+        gids[pos] = gid
+      end
+      local G = false
+      if gid then
+        G = groups[gid]
+        if G == nil then G = gload(gid); groups[gid] = G or false end
+      end
       local started, progress = 0, 0
       if G then
         if G.started == '1' then started = 1 end
@@ -568,6 +579,7 @@ local function acquire_take(V, holder, max, region, chunk)
         redis.call('HINCRBY', k('cnt'), tostring(ACTIVE), 1)
         pool_rem(gid, G, idx)
         slot_set(gid, G, idx, 'L:' .. lid)
+        progress_of[gid] = progress_of[gid] + 1
         V.gone[e[4]], V.ngone = true, V.ngone + 1
         out[#out + 1] = lease_row(lid)
       end
@@ -689,19 +701,24 @@ local function submit_one(A)
         if reason == 0 then
           -- admitted: the sample enters the buffer
           local gk = k('g:' .. L.gid)
-          G.adm = redis.call('HINCRBY', gk, 'adm', 1)
-          slot_set(L.gid, G, L.idx, 'D:' .. tid)
-          lease_close(lid, L, SETTLED)
-          -- acct: its work is counted when the sample leaves the buffer
-          redis.call('HSET', k('l:' .. lid), 'traj', tid, 'acct', 1)
+          -- the group's counts and the slot in one write (G was read by this script: no one moved them since)
           local scored = A[10] == '1'
+          G.adm = G.adm + 1
+          G['s' .. L.idx] = 'D:' .. tid
+          if scored then
+            G.scd = G.scd + 1
+            redis.call('HSET', gk, 'adm', G.adm, 's' .. L.idx, G['s' .. L.idx], 'scd', G.scd)
+          else
+            redis.call('HSET', gk, 'adm', G.adm, 's' .. L.idx, G['s' .. L.idx])
+          end
+          -- acct: its work is counted when the sample leaves the buffer
+          lease_close(lid, L, SETTLED, 'traj', tid, 'acct', 1)
           local sk = k('s:' .. tid)
           redis.call('HSET', sk, 'tok', int(GEN), 'gid', L.gid, 'idx', L.idx, 'ver', minv, 'lv', vj, 'blob', A[12],
             'rw', A[11], 'scd', scored and 1 or 0, 'res', 0, 'lease', lid)
           redis.call('ZADD', k('buf:byver'), minv, tid)
           redis.call('INCR', k('buf:n'))
           if scored then
-            G.scd = redis.call('HINCRBY', gk, 'scd', 1)
             redis.call('INCR', k('buf:scored'))
           else
             awaiting = 1
