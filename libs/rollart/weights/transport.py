@@ -12,6 +12,11 @@ the segments it had put on dead connections that the receiver still lacks. A seg
 verification costs its connection (it is treated as a drop), so corruption and forgery are repaired by
 the same path; too many faults fail the session and the caller falls back to another source.
 
+Two latency cuts (docs/weight-plane.md): a fresh push stripe's dialer sends segments right behind its AUTH
+(*early data*, one round trip before RESULT and RESUME), and a receiver that sees a stripe fall silent while
+segments are missing sends a RESUME on it, after which the sender re-sends that stripe's missing segments
+over the others (*tail hedging*).
+
 Wire format (all integers little-endian)::
 
     HELLO     C->S  "RWTP" u8 proto=1  u8 role (1 push, 2 pull)  u16 S  u16 stream_index  u16 flags (1 resume)
@@ -93,6 +98,17 @@ DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
 _LABEL_SERVER = b"rwtp-server\0"
 _LABEL_CLIENT = b"rwtp-client\0"
 WRITE_HIGH_WATER = 256 * 1024  # bytes queued in user space before a stripe counts as busy
+# Unsent bytes the kernel holds per stripe (TCP_NOTSENT_LOWAT): beyond it the socket is not writable, the
+# rest waits in user space and the stripe counts as busy, so a stalled stripe stops taking segments after
+# ~this much instead of after megabytes of socket buffer (the others take them). In-flight data (the
+# congestion window) is not limited. 512 KiB is 32 ms at 16 MB/s: a late wake-up does not starve the link.
+NOTSENT_LOWAT = 512 * 1024
+# Tail hedging: while segments are missing, a stripe that delivered nothing for this long (and for three
+# times its usual pause) is reported (a RESUME on it), and the sender re-sends the missing segments it had
+# put on that stripe over the others. The receiver drops whichever copy comes second. A quarter second is
+# longer than a shared link's regular pauses (at 50 ms, stripes taking turns on a 10 MB/s link were
+# reported and re-sent up to 1.5x the delta) and as long as a TCP retransmission timeout (>= 200 ms + RTT).
+HEDGE_AFTER_S = 0.25
 VERIFY_IN_THREAD_BYTES = 128 * 1024  # segments at least this large are verified off the event loop
 
 
@@ -208,14 +224,21 @@ def _tune(writer: asyncio.StreamWriter) -> None:
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with contextlib.suppress(OSError, AttributeError):  # Linux, macOS
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_NOTSENT_LOWAT", 25), NOTSENT_LOWAT)
     with contextlib.suppress(AttributeError, NotImplementedError):
         writer.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
 
 
 async def client_handshake(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hello: Hello, key: bytes
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hello: Hello, key: bytes, early: bool = False
 ) -> None:
-    """Run the dialer's side; raises a HandshakeError subclass with the peer's reason on rejection."""
+    """Run the dialer's side; raises a HandshakeError subclass with the peer's reason on rejection.
+
+    ``early``: return right after AUTH, without waiting for RESULT (the caller's Connection reads it first and
+    fails with the peer's reason if it is not OK): the dialer may send frames one round trip sooner. Only once
+    the listener proved it holds the key (its CHALLENGE verified), so nothing goes to an impostor.
+    """
     hello_raw = hello.encode()
     writer.write(hello_raw)
     await writer.drain()
@@ -242,6 +265,8 @@ async def client_handshake(
         )
     writer.write(_AUTH.pack(0, _proof(key, _LABEL_CLIENT, hello_raw, server_nonce)))
     await writer.drain()
+    if early:
+        return
     try:
         status, msg_len = _RESULT.unpack(await reader.readexactly(_RESULT.size))
         msg = (await _read_msg(reader, msg_len)).decode("utf-8", "replace")
@@ -337,7 +362,9 @@ class _FrameReader(asyncio.BufferedProtocol):
     Back-pressure: once ``max_ready`` whole frames wait unread, reading pauses (TCP then slows the sender).
     """
 
-    def __init__(self, transport: asyncio.Transport, max_frame_bytes: int, max_ready: int = 2) -> None:
+    def __init__(
+        self, transport: asyncio.Transport, max_frame_bytes: int, max_ready: int = 2, expect_result: bool = False
+    ) -> None:
         self.transport = transport
         self.max_frame_bytes = max_frame_bytes
         self.max_ready = max_ready
@@ -353,6 +380,11 @@ class _FrameReader(asyncio.BufferedProtocol):
         self._waiter: asyncio.Future[None] | None = None
         self._discard: memoryview | None = None  # closing: whatever still arrives is read and dropped
         self.on_end: Callable[[], None] | None = None
+        self.last_rx = time.monotonic()  # when bytes last arrived (tail hedging)
+        self.typical_gap = 0.0  # moving average of the pauses (>= 2 ms) between arrivals on this stripe
+        # Early data (client_handshake(early=True)): the handshake's RESULT comes first, read here.
+        self._result: bytearray | None = bytearray(_RESULT.size) if expect_result else None
+        self._result_mv = memoryview(self._result) if self._result is not None else None
 
     def discard(self, on_end: Callable[[], None]) -> None:
         """Read and drop everything until the peer closes (then ``on_end``): closing a socket with unread
@@ -372,6 +404,8 @@ class _FrameReader(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._discard is not None:
             return self._discard
+        if self._result_mv is not None and self._payload_mv is None:
+            return self._result_mv[self._got :]
         if self._payload_mv is not None:
             return self._payload_mv[self._got :]
         return self._hdr_mv[self._got :]
@@ -379,8 +413,15 @@ class _FrameReader(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self._discard is not None:
             return
+        now = time.monotonic()
+        gap = now - self.last_rx
+        if gap >= 0.002:  # a pause between bursts, not the pieces of one burst
+            self.typical_gap = gap if not self.typical_gap else 0.8 * self.typical_gap + 0.2 * gap
+        self.last_rx = now
         self._got += nbytes
-        if self._payload_mv is None:
+        if self._result is not None:
+            self._result_step()
+        elif self._payload_mv is None:
             if self._got == _FRAME.size:
                 self._header()
         elif self._got == len(self._payload_mv):
@@ -404,6 +445,26 @@ class _FrameReader(asyncio.BufferedProtocol):
             buf[:n] = mv[:n]
             mv = mv[n:]
             self.buffer_updated(n)
+
+    def _result_step(self) -> None:
+        """RESULT = u8 status, u16 msg_len, msg; then frames, or the peer's reason as the error."""
+        if self._payload_mv is None:
+            if self._got < _RESULT.size:
+                return
+            self._got = 0
+            _, msg_len = _RESULT.unpack(self._result)  # type: ignore[arg-type]
+            if msg_len:
+                self._payload = bytearray(msg_len)
+                self._payload_mv = memoryview(self._payload)
+                return
+        elif self._got < len(self._payload_mv):
+            return
+        status = self._result[0]  # type: ignore[index]
+        msg = bytes(self._payload or b"").decode("utf-8", "replace")
+        self._result = self._result_mv = None
+        self._payload, self._payload_mv, self._got = None, None, 0
+        if status != ST_OK:
+            self._fail(_STATUS_ERRORS.get(status, ProtocolError)(msg or f"handshake rejected (status {status})"))
 
     def _header(self) -> None:
         ftype, n = _FRAME.unpack(self._hdr)
@@ -481,6 +542,7 @@ class Connection:
         writer: asyncio.StreamWriter,
         hello: Hello,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        expect_result: bool = False,
     ) -> None:
         self.hello = hello
         self.max_frame_bytes = max_frame_bytes
@@ -495,7 +557,7 @@ class Connection:
         # Frames the peer sent right behind its last handshake message may already sit in the stream's
         # buffer (StreamReader keeps it in ``_buffer``; no public way to take it back).
         leftover = bytes(getattr(reader, "_buffer", b""))
-        self._frames = _FrameReader(self._transport, max_frame_bytes)
+        self._frames = _FrameReader(self._transport, max_frame_bytes, expect_result=expect_result)
         self._transport.set_protocol(self._frames)
         self._frames.feed(leftover)
         if reader.at_eof() or getattr(reader, "_eof", False):
@@ -515,6 +577,21 @@ class Connection:
         self._linger: asyncio.TimerHandle | None = None
         self._sock_closed = False
         self._shut = False
+
+    @property
+    def last_rx(self) -> float:
+        """time.monotonic() when bytes last arrived on this stripe."""
+        return self._frames.last_rx
+
+    @property
+    def typical_gap(self) -> float:
+        """Moving average of the pauses between arrivals on this stripe (its normal rhythm on this path)."""
+        return self._frames.typical_gap
+
+    def waiting_on_network(self) -> bool:
+        """Nothing received waits to be read here (so silence is the path's, not this side's back-pressure)."""
+        f = self._frames
+        return not f.paused and not f.ready and f.error is None
 
     async def read_frame(self) -> tuple[int, bytes | bytearray]:
         ftype, payload = await self._frames.next()
@@ -648,8 +725,9 @@ async def dial(
     *,
     timeout: float = 10.0,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    early: bool = False,
 ) -> Connection:
-    """Connect and authenticate one stripe."""
+    """Connect and authenticate one stripe (``early``: see client_handshake)."""
     host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"expected HOST:PORT, got {endpoint!r}")
@@ -659,11 +737,11 @@ async def dial(
         reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 20)
         try:
             _tune(writer)
-            await client_handshake(reader, writer, hello, key)
+            await client_handshake(reader, writer, hello, key, early=early)
         except BaseException:
             writer.close()
             raise
-        return Connection(reader, writer, hello, max_frame_bytes)
+        return Connection(reader, writer, hello, max_frame_bytes, expect_result=early)
 
     try:
         return await asyncio.wait_for(go(), timeout)
@@ -836,7 +914,7 @@ class _Signal:
 
 
 class _Slot:
-    __slots__ = ("index", "conn", "gen", "busy", "task")
+    __slots__ = ("index", "conn", "gen", "busy", "task", "resumed", "hedged_rx")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -844,6 +922,8 @@ class _Slot:
         self.gen = 0
         self.busy = False
         self.task: asyncio.Task | None = None
+        self.resumed = False  # sender: this connection's first RESUME came (a later one asks for a hedge)
+        self.hedged_rx = -1.0  # receiver: the silence (last_rx) already reported on this connection
 
 
 Redial = Callable[[int], Awaitable[Connection]]
@@ -909,6 +989,8 @@ class _Session:
         slot.gen += 1
         slot.conn = conn
         slot.busy = False
+        slot.resumed = False
+        slot.hedged_rx = -1.0
         self._orphan_since = None
         self.last_activity = time.monotonic()
         slot.task = self._spawn(self._read_loop(slot, slot.gen, conn))
@@ -936,6 +1018,8 @@ class _Session:
                     return
         except asyncio.CancelledError:
             raise
+        except (RefusedError, AuthenticationError, UnknownJobError) as exc:  # an early stripe's RESULT: final
+            self.fail(exc)
         except (asyncio.IncompleteReadError, ConnectionError, OSError, ProtocolError) as exc:
             self._lost(slot, gen, exc)
         except Exception as exc:  # noqa: BLE001 - a bug must not hang the session
@@ -1064,6 +1148,8 @@ class SenderSession(_Session):
         self.max_queued = max_queued
         self._queue: deque[int] = deque()
         self._resend: deque[int] = deque()
+        self._avoid: dict[int, int] = {}  # seq -> the slow stripe a hedged copy must not take
+        self._hedged: set[int] = set()  # seqs hedged once (never twice)
         self._store: dict[int, bytes | bytearray | memoryview] = {}
         self._sent: dict[int, tuple[int, int]] = {}  # seq -> (stripe, generation)
         self._from_seq: int | None = None  # from the receiver's last RESUME
@@ -1073,6 +1159,7 @@ class SenderSession(_Session):
         self.done_hash: bytes | None = None
         self.segments_sent = 0
         self.segments_resent = 0
+        self.segments_hedged = 0
         self.segments_skipped = 0
         self.payload_bytes = 0
         super().__init__(**kw)  # type: ignore[arg-type]
@@ -1113,11 +1200,11 @@ class SenderSession(_Session):
         assert self.done_hash is not None
         return self.done_hash
 
-    def _ready_slot(self) -> _Slot | None:
+    def _ready_slot(self, avoid: int | None = None) -> _Slot | None:
         n = self.streams
         for k in range(n):
             slot = self.slots[(self._rr + k) % n]
-            if slot.conn is not None and not slot.busy:
+            if slot.conn is not None and not slot.busy and slot.index != avoid:
                 self._rr = (slot.index + 1) % n
                 return slot
         return None
@@ -1140,8 +1227,13 @@ class SenderSession(_Session):
             if not self._wanted(seq) or (not resend and seq in self._sent):
                 self.segments_skipped += 1
                 continue
-            slot = self._ready_slot()
-            assert slot is not None and slot.conn is not None
+            avoid = self._avoid.pop(seq, None) if resend else None
+            hedge = avoid is not None and self._sent.get(seq, (-1, 0))[0] == avoid
+            slot = self._ready_slot(avoid if hedge else None)
+            if slot is None:  # only the slow stripe itself is ready: its copy is still on the way
+                self.segments_skipped += 1
+                continue
+            assert slot.conn is not None
             raw = self._store[seq]
             conn = slot.conn
             try:
@@ -1153,7 +1245,8 @@ class SenderSession(_Session):
             self._sent[seq] = (slot.index, slot.gen)
             self.last_activity = time.monotonic()
             self.segments_sent += 1
-            self.segments_resent += resend
+            self.segments_resent += resend and not hedge
+            self.segments_hedged += hedge
             self.payload_bytes += len(raw)
             self.bytes_out += _FRAME.size + len(raw)
             if conn.buffered() > WRITE_HIGH_WATER // 2:
@@ -1187,6 +1280,17 @@ class SenderSession(_Session):
             missing = np.frombuffer(payload, dtype="<u4", count=n, offset=_RESUME.size)
             self._from_seq = from_seq
             self._missing = set(missing.tolist())
+            if slot.resumed and slot.gen == gen:
+                # Not this connection's first RESUME: the receiver has had nothing on it for a while in the
+                # tail (HEDGE_AFTER_S). What it still lacks of what went out here goes again over the other
+                # stripes, once per segment; whichever copy comes second is dropped as a duplicate.
+                here = (slot.index, gen)
+                for seq in sorted(q for q, where in self._sent.items() if where == here and self._wanted(q)):
+                    if seq not in self._hedged and seq not in self._resend:
+                        self._hedged.add(seq)
+                        self._avoid[seq] = slot.index
+                        self._resend.append(seq)
+            slot.resumed = True
             # What went out on dead stripes and is still lacking goes again; what is in flight on live
             # stripes will arrive by itself.
             again = sorted(seq for seq, where in self._sent.items() if self._dead(where) and self._wanted(seq))
@@ -1211,10 +1315,15 @@ class SenderSession(_Session):
 class ReceiverSession(_Session):
     """Receives one delta over its stripes into a sink; verifies every segment before the sink sees it."""
 
-    def __init__(self, *, key: bytes, sink: SegmentSink, max_faults: int = 8, **kw: object) -> None:
+    def __init__(
+        self, *, key: bytes, sink: SegmentSink, max_faults: int = 8, hedge_after: float = HEDGE_AFTER_S, **kw: object
+    ) -> None:
         self.key = key
         self.sink = sink
         self.max_faults = max_faults
+        self.hedge_after = hedge_after  # <= 0: no tail hedging
+        self.hedges = 0  # RESUMEs sent on silent stripes
+        self._hedging = False
         self.complete = asyncio.Event()
         self.segments_in = 0
         self.duplicates = 0
@@ -1287,6 +1396,9 @@ class ReceiverSession(_Session):
             self.segments_in += 1
         else:
             self.duplicates += 1
+        if not self._hedging and self.hedge_after > 0 and not tracker.complete:
+            self._hedging = True
+            self._spawn(self._hedge_watch())
         if tracker.complete and not self.complete.is_set():
             assert tracker.hash is not None
             done = _DONE.pack(self.version, tracker.hash)
@@ -1295,6 +1407,35 @@ class ReceiverSession(_Session):
                     s.conn.write_frame(F_DONE, done)  # type: ignore[union-attr]
             self.complete.set()
             self.sig.notify()
+
+    async def _hedge_watch(self) -> None:
+        """While segments are missing behind ones already here (a gap: some stripe is behind), report every
+        stripe that has been waiting on the network for longer than its rhythm allows (three times its usual
+        pause, at least ``hedge_after``) with a RESUME on it, once per silence: the sender re-sends what it had
+        put on that stripe over the others (a stalled TCP flow, a retransmission timeout). No gap, no report:
+        a slow producer or a finished stripe costs nothing."""
+        tracker = self.sink.tracker
+        while not self.finished and not tracker.complete:
+            await asyncio.sleep(self.hedge_after)
+            now = time.monotonic()
+            for s in self.live():
+                conn = s.conn
+                assert conn is not None
+                rx = conn.last_rx
+                # Silent for longer than this path's rhythm allows (a slow shared link pauses every stripe
+                # regularly: three times its usual pause, at least hedge_after).
+                if now - rx < max(self.hedge_after, 3 * conn.typical_gap) or s.hedged_rx == rx:
+                    continue
+                if not conn.waiting_on_network():
+                    continue
+                from_seq, missing = tracker.resume()
+                if not missing:
+                    break
+                s.hedged_rx = rx
+                body = _RESUME.pack(self.version, from_seq, len(missing)) + np.asarray(missing, dtype="<u4").tobytes()
+                with contextlib.suppress(Exception):
+                    conn.write_frame(F_RESUME, body)
+                    self.hedges += 1
 
     def _fatal(self, message: str) -> None:
         for s in self.live():
@@ -1381,11 +1522,13 @@ def new_session_id() -> bytes:
     return os.urandom(16)
 
 
-async def _open(session: _Session, endpoint: str, hello: Hello, key: bytes, dial_timeout: float) -> None:
+async def _open(
+    session: _Session, endpoint: str, hello: Hello, key: bytes, dial_timeout: float, early: bool = False
+) -> None:
     """Dial every stripe concurrently; at least one must come up, the others keep being re-dialled."""
 
     async def one(i: int) -> Connection:
-        return await dial(endpoint, hello.with_index(i, resume=False), key, timeout=dial_timeout)
+        return await dial(endpoint, hello.with_index(i, resume=False), key, timeout=dial_timeout, early=early)
 
     results = await asyncio.gather(*(one(i) for i in range(session.streams)), return_exceptions=True)
     fatal: list[BaseException] = [
@@ -1425,8 +1568,15 @@ async def open_push(
     idle_timeout: float = 60.0,
     dial_timeout: float = 10.0,
     max_queued: int = 4,
+    early_data: bool = True,
 ) -> SenderSession:
-    """Dial ``endpoint`` and open a session that sends ``D_version`` (then call send/finish)."""
+    """Dial ``endpoint`` and open a session that sends ``D_version`` (then call send/finish).
+
+    ``early_data``: segments go out right behind each stripe's AUTH, from seq 0, one round trip before the
+    listener's RESULT and first RESUME arrive (a refusal then fails the session with the listener's reason,
+    and what the receiver already had arrives again and is dropped as duplicates: pass False when
+    re-pushing a version the receiver may partly hold). Re-dialled stripes always wait for their RESUME.
+    """
     hello = Hello(ROLE_PUSH, job, version, streams, 0, new_session_id())
     session = SenderSession(
         job=job,
@@ -1439,7 +1589,9 @@ async def open_push(
         max_queued=max_queued,
         name=f"push {job}/v{version} -> {endpoint}",
     )
-    await _open(session, endpoint, hello, key, dial_timeout)
+    if early_data:
+        session._from_seq = 0  # a fresh session: the receiver is assumed to have nothing until its RESUME
+    await _open(session, endpoint, hello, key, dial_timeout, early=early_data)
     return session
 
 
@@ -1487,6 +1639,7 @@ class SendStats:
     reconnects: int
     seconds: float
     hash: bytes
+    hedged: int = 0  # segments sent again over other stripes because theirs was silent in the tail
 
 
 async def send_delta(
@@ -1524,6 +1677,7 @@ async def send_delta(
         session.reconnects,
         time.perf_counter() - t0,
         digest,
+        session.segments_hedged,
     )
 
 

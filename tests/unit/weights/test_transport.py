@@ -107,6 +107,48 @@ async def test_wrong_job_is_rejected(delta: list[bytes]) -> None:
         await ep.stop()
 
 
+async def test_a_refused_early_push_fails_with_the_listeners_reason(delta: list[bytes]) -> None:
+    """Early data: the dialer sends segments right behind its AUTH; a refusal in the RESULT it has not waited
+    for still ends the session with the listener's reason, and nothing reaches a sink."""
+    ep = Endpoint()
+    addr = await ep.start()
+
+    async def refuse(hello: tp.Hello):
+        raise tp.RefusedError("no room for version 1 here")
+
+    ep.server.admit = refuse
+    try:
+        with pytest.raises(tp.RefusedError, match="no room for version 1"):
+            await tp.send_delta(addr, delta, job=JOB, key=KEY, version=1, streams=2, timeout=10,
+                                reconnect_timeout=1.0)
+        assert not ep.sinks
+    finally:
+        await ep.stop()
+
+
+async def test_early_data_saves_one_round_trip(delta: list[bytes]) -> None:
+    """With a 300 ms RTT, a push without early data needs the handshake's two round trips before its first
+    segment leaves, one with it (then one for the data and DONE in both)."""
+    ep = Endpoint()
+    addr = await ep.start()
+    emu = WanEmulator(addr, LinkSpec(rtt=0.3))
+    proxy = await emu.start()
+    took = {}
+    try:
+        for early in (False, True):
+            t0 = time.monotonic()
+            stats = await tp.send_delta(proxy, delta, job=JOB, key=KEY, version=1, streams=2, timeout=10,
+                                        early_data=early)
+            took[early] = time.monotonic() - t0
+            assert stats.resent == 0
+        assert took[False] >= 0.9 and took[True] >= 0.6, took
+        assert took[True] < took[False] - 0.2, took
+        assert all(s.ordered() == delta for s in ep.sinks.values())
+    finally:
+        await emu.stop()
+        await ep.stop()
+
+
 async def test_client_with_a_bad_proof_gets_authentication_failed() -> None:
     """A dialer that skips checking the server and answers with a wrong proof."""
     ep = Endpoint()
@@ -161,18 +203,7 @@ async def test_the_key_never_crosses_the_wire(delta: list[bytes]) -> None:
     addr = await ep.start()
     emu = WanEmulator(addr)
     seen = bytearray()
-    orig = emu._pump
-
-    async def spy(reader, writer, stats, direction, both):
-        class Tap:
-            async def read(self, n):
-                data = await reader.read(n)
-                seen.extend(data)
-                return data
-
-        await orig(Tap(), writer, stats, direction, both)
-
-    emu._pump = spy  # type: ignore[method-assign]
+    emu.tap = lambda direction, data: seen.extend(data)  # every byte read, both directions
     proxy = await emu.start()
     try:
         await tp.send_delta(proxy, delta, job=JOB, key=KEY, version=1, streams=2, timeout=10)
@@ -206,6 +237,61 @@ async def test_dropped_connection_mid_stream_resumes_with_only_what_is_missing(d
         assert emu.conns[1].dropped
         assert sink.ordered() == delta and sink.tracker.verified
         assert sink.tracker.duplicates <= 3  # resent segments are the lost ones, not the whole stream
+    finally:
+        await emu.stop()
+        await ep.stop()
+
+
+def _many_segments(n: int = 1 << 20) -> list[bytes]:
+    """~3 MB in 64 KiB segments: enough that a stripe's buffers hold only part of what it carries."""
+    from rollart.delta import DeltaWriter
+
+    w = DeltaWriter(job=JOB, version=1, base_version=0, key=KEY, max_segment_bytes=64 * 1024, format_version=1)
+    return [*w.add_tensor("w", "BF16", (n,), np.arange(n, dtype=np.int64), np.arange(n, dtype=np.uint16)), w.trailer()]
+
+
+@pytest.mark.parametrize("role", ["push", "pull"])
+async def test_a_stripe_stalled_in_the_tail_is_hedged_over_the_others(role: str) -> None:
+    """Stripe 1 stalls for 20 s two thirds of the way through what it carries (a flow stuck in retransmission
+    timeouts, still connected). The receiver reports the silent stripe (a RESUME on it), the sender sends its
+    missing segments again over the other stripes, and the delta completes long before the stall ends."""
+    delta = _many_segments()
+    total = sum(map(len, delta))
+    ep = Endpoint(serve=delta)
+    addr = await ep.start()
+    direction = "up" if role == "push" else "down"
+    spec = LinkSpec(rate=3e6, stall_at={1: (total // 6, 20.0)}, fault_direction=direction)
+    emu = WanEmulator(addr, spec)
+    proxy = await emu.start()
+    t0 = time.monotonic()
+    try:
+        if role == "push":
+            stats = await tp.send_delta(proxy, delta, job=JOB, key=KEY, version=1, streams=4, timeout=15)
+            sink, hedged = ep.only_sink(), stats.hedged
+        else:
+            sink = await tp.receive_delta(proxy, job=JOB, key=KEY, version=1, streams=4, timeout=15)
+            hedged = next(iter(ep.sessions.values())).segments_hedged
+        assert time.monotonic() - t0 < 10  # not the 20 s stall
+        assert emu.conns[1].stalls == 1
+        assert hedged >= 1
+        assert sink.ordered() == delta and sink.tracker.verified
+        assert sink.tracker.duplicates <= hedged + 2  # the stalled copies that still came are dropped
+    finally:
+        await emu.stop()
+        await ep.stop()
+
+
+async def test_a_silent_stripe_that_carried_nothing_more_costs_no_hedge(delta: list[bytes]) -> None:
+    """Hedging re-sends only what the silent stripe carried and the receiver lacks: on a clean path the
+    stripes that finished early are reported, nothing is sent twice."""
+    ep = Endpoint()
+    addr = await ep.start()
+    emu = WanEmulator(addr, LinkSpec(rate=2e6))
+    proxy = await emu.start()
+    try:
+        stats = await tp.send_delta(proxy, delta, job=JOB, key=KEY, version=1, streams=3, timeout=20)
+        assert stats.hedged == 0 and stats.resent == 0
+        assert ep.only_sink().ordered() == delta and ep.only_sink().tracker.duplicates == 0
     finally:
         await emu.stop()
         await ep.stop()
