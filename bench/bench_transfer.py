@@ -91,8 +91,10 @@ def start_relay(tmp: Path, libs: Path | None = None) -> tuple[subprocess.Popen, 
     return proc, json.loads(ready.read_text())["data_endpoint"]
 
 
-def start_emulator(target: str, a: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    argv = [sys.executable, str(ROOT / "bench" / "wan_emulator.py"), target, "--rate", str(a.flow_mbps * 1e6)]
+def start_emulator(target: str, a: argparse.Namespace, script: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """The emulator (this tree's, or ``script``: an older one for a side-by-side run) in its own process."""
+    script = script or ROOT / "bench" / "wan_emulator.py"
+    argv = [sys.executable, str(script), target, "--rate", str(a.flow_mbps * 1e6)]
     argv += ["--link-rate", str(a.link_mbps * 1e6), "--rtt", str(a.rtt_ms / 1e3)]
     argv += ["--stall-prob", str(a.stall_prob), "--stall", str(a.stall_ms / 1e3), "--slack", str(a.slack_ms / 1e3)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
@@ -120,6 +122,33 @@ def wakeup_lateness(n: int = 100, period: float = 0.004) -> dict[str, float]:
     return {"median_ms": late[n // 2], "p90_ms": late[int(n * 0.9)], "max_ms": late[-1]}
 
 
+def export_emulator(ref: str, dest: Path) -> Path:
+    """``bench/wan_emulator.py`` as of git ``ref`` (a baseline emulator in the same run)."""
+    out = dest / f"wan_emulator_{ref.replace('/', '_').replace('~', '_')}.py"
+    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:bench/wan_emulator.py"], check=True,
+                          capture_output=True, text=True).stdout
+    out.write_text(text)
+    return out
+
+
+def wakeups_of(relay_pid: int, emulator_pid: int) -> dict[str, int]:
+    """Voluntary context switches so far (every thread): each one is the process blocking and being woken
+    again, so their count per MB is the wake-ups per MB this work needs."""
+
+    def proc(pid: int | str) -> int:
+        total = 0
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                for line in (task / "status").read_text().splitlines():
+                    if line.startswith("voluntary_ctxt_switches"):
+                        total += int(line.split()[1])
+            except OSError:
+                pass  # a thread that just ended
+        return total
+
+    return {"sender": proc("self"), "emulator": proc(emulator_pid), "relay": proc(relay_pid)}
+
+
 def cpu_of(relay_pid: int, emulator_pid: int) -> dict[str, float]:
     """CPU seconds so far of the sender (this process), the emulator and the relay (/proc: 10 ms ticks)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -145,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slack-ms", type=float, default=50.0,
                     help="emulator: lateness of its own wake-ups that does not cost capacity (0: the old emulator)")
     ap.add_argument("--segment-kb", type=int, default=512, help="maximum segment size, KiB")
-    ap.add_argument("--baseline-ref", default="", help="git ref whose libs/rollart runs the relay, side by side")
+    ap.add_argument("--baseline-ref", default="",
+                    help="git ref whose libs/rollart (the relay) and bench/wan_emulator.py run first, side by side "
+                         "(the sender is this tree's in both)")
     ap.add_argument("--json", type=Path, help="write the figures here")
     a = ap.parse_args(argv)
     streams = [int(s) for s in a.streams.split(",")]
@@ -153,29 +184,32 @@ def main(argv: list[str] | None = None) -> int:
     version = 0
     with tempfile.TemporaryDirectory(prefix="bench-transfer-") as d:
         tmp = Path(d)
-        variants: list[tuple[str, Path | None]] = [("this tree", None)]
+        variants: list[tuple[str, Path | None, Path | None]] = [("this tree", None, None)]
         if a.baseline_ref:
             from bench.bench_fanout import export_libs
 
-            variants.insert(0, (f"relay at {a.baseline_ref}", export_libs(a.baseline_ref, tmp)))
-        for label, libs in variants:
+            variants.insert(0, (f"relay + emulator at {a.baseline_ref}", export_libs(a.baseline_ref, tmp),
+                                export_emulator(a.baseline_ref, tmp)))
+        for label, libs, emulator in variants:
             relay, data = start_relay(tmp, libs)
-            emu, endpoint = start_emulator(data, a)
+            emu, endpoint = start_emulator(data, a, emulator)
             try:
                 rows = []
                 for s in streams:
-                    times, cpus, stats = [], [], None
+                    times, cpus, wakes, stats = [], [], [], None
                     for _ in range(a.repeat):
                         version += 1
                         segs = make_delta(a.mb, version, segment_kb=a.segment_kb)
-                        c0 = cpu_of(relay.pid, emu.pid)
+                        c0, w0 = cpu_of(relay.pid, emu.pid), wakeups_of(relay.pid, emu.pid)
                         stats = asyncio.run(one(endpoint, segs, version, s))
-                        c1 = cpu_of(relay.pid, emu.pid)
+                        c1, w1 = cpu_of(relay.pid, emu.pid), wakeups_of(relay.pid, emu.pid)
                         times.append(stats.seconds)
                         cpus.append({k: c1[k] - c0[k] for k in c0})
+                        wakes.append({k: w1[k] - w0[k] for k in w0})
                     assert stats is not None
                     cpu = {k: statistics.median(c[k] for c in cpus) for k in cpus[0]}
-                    rows.append((s, statistics.median(times), min(times), max(times), stats, cpu))
+                    wake = {k: statistics.median(w[k] for w in wakes) for k in wakes[0]}
+                    rows.append((s, statistics.median(times), min(times), max(times), stats, cpu, wake))
             finally:
                 emu.terminate()
                 relay.terminate()
@@ -200,21 +234,26 @@ def print_rows(label: str, rows: list, a: argparse.Namespace) -> list[dict]:
         f"{a.flow_mbps:g} MB/s per flow, RTT {a.rtt_ms:g} ms, stalls p={a.stall_prob:g}/64KiB x {a.stall_ms:g} ms; "
         f"median of {a.repeat}"
     )
-    # CPU s = sender + emulator + relay during one transfer (median); cores got = that / wall: below ~1 the
-    # processes waited for a CPU (the machine is shared), and the emulator cannot keep its configured rates.
+    # CPU s = sender + emulator + relay during one transfer (median); CPU s/GB = that per GB of delta; cores
+    # got = CPU / wall: below ~1 the processes waited for a CPU (the machine is shared) or for wake-ups.
+    # wake/MB: voluntary context switches of the three processes per MB (each is one block-and-wake).
     print(f"{'streams':>7} {'time s':>8} {'min..max':>13} {'MB/s':>7} {'of link':>8} {'speedup':>8} {'resent':>7} "
-          f"{'CPU s':>6} {'cores got':>9}  CPU s by process")
+          f"{'hedged':>6} {'CPU s':>6} {'CPU s/GB':>8} {'cores got':>9} {'wake/MB':>8}  CPU s/GB and wake-ups/MB by process")
     out = []
-    for s, med, lo, hi, st, cpu in rows:
+    gb = size / 1e9
+    for s, med, lo, hi, st, cpu, wake in rows:
         rate = size / med / 1e6
         total = sum(cpu.values())
+        wakes = sum(wake.values())
         print(
             f"{s:>7} {med:>8.2f} {lo:>6.2f}..{hi:<6.2f} {rate:>7.1f} {rate / a.link_mbps:>7.0%} {base / med:>7.2f}x "
-            f"{st.resent:>7} {total:>6.2f} {total / med:>9.2f}  " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
+            f"{st.resent:>7} {st.hedged:>6} {total:>6.2f} {total / gb:>8.2f} {total / med:>9.2f} {wakes / (gb * 1e3):>8.0f}  "
+            + ", ".join(f"{k} {cpu[k] / gb:.2f}/{wake[k] / (gb * 1e3):.0f}" for k in cpu)
         )
         out.append({"streams": s, "seconds": med, "min": lo, "max": hi, "mb_per_s": rate,
-                    "of_link": rate / a.link_mbps, "speedup": base / med, "resent": st.resent, "bytes": size,
-                    "cpu_s": cpu, "cores_got": total / med})
+                    "of_link": rate / a.link_mbps, "speedup": base / med, "resent": st.resent, "hedged": st.hedged,
+                    "bytes": size, "cpu_s": cpu, "cpu_s_per_gb": total / gb, "cores_got": total / med,
+                    "wakeups": wake, "wakeups_per_mb": wakes / (gb * 1e3)})
     print("reference (AuroraRL): 4.71 s -> 2.90 s with 4 streams = 1.62x")
     return out
 
