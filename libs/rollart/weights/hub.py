@@ -590,7 +590,7 @@ class DeltaHub:
         last: BaseException | None = None
         t0 = time.perf_counter()
         resent = reconnects = segments = payload = wire = 0
-        for _ in range(attempts):
+        for attempt in range(attempts):
             try:
                 session = await tp.open_push(
                     endpoint,
@@ -598,6 +598,7 @@ class DeltaHub:
                     key=self.key,
                     version=version,
                     streams=streams or self.streams,
+                    early_data=attempt == 0,  # a retry's receiver may hold part of it: wait for its RESUME
                     reconnect_timeout=self.reconnect_timeout,
                     idle_timeout=self.idle_timeout,
                 )
