@@ -1,7 +1,7 @@
 """A bare grpc.aio relay, the floor under the LLMProxy's per-turn and per-chunk CPU (``bench_llmproxy --floor``).
 
-It serves ``rollart.v1.LLMProxy/Generate`` and passes each turn to one actor's ``Generate``: no interceptors, no
-auth, validation, routing or accounting; each actor chunk is forwarded as received inside a
+It serves ``rollart.v1.LLMProxy/Generate`` and passes each turn to one actor's ``Generate`` (with the job token
+of ``ROLLART_JOB_TOKEN``): no interceptors, no auth check, validation, routing or accounting; each actor chunk is forwarded as received inside a
 ``TrajectoryGenerateResponse`` (field 2), never parsed. What the proxy costs above this relay is the proxy's own
 work; what this relay costs is one Python gRPC hop. Variants, side by side in the benchmark:
 
@@ -57,13 +57,15 @@ def _actor_request(data: bytes) -> bytes:
 async def serve(actor: str, ready_file: Path, mode: str, options: list[tuple[str, object]]) -> None:
     channel = aio.insecure_channel(actor, options=options)
     generate = channel.unary_stream("/rollart.v1.Actor/Generate", request_serializer=None, response_deserializer=None)
+    token = os.environ.get("ROLLART_JOB_TOKEN")  # a real actor wants the job token; the caller's is not checked
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     async def relay_yield(request: bytes, context: aio.ServicerContext):
-        async for raw in generate(_actor_request(request)):
+        async for raw in generate(_actor_request(request), metadata=metadata):
             yield b"\x12" + _varint(len(raw)) + raw
 
     async def relay_write(request: bytes, context: aio.ServicerContext) -> None:
-        call = generate(_actor_request(request))
+        call = generate(_actor_request(request), metadata=metadata)
         while (raw := await call.read()) is not aio.EOF:
             await context.write(b"\x12" + _varint(len(raw)) + raw)
 
