@@ -44,6 +44,7 @@ from rollart.local.processes import ProcessError
 from rollart.local.supervisor import Event, Supervisor, base_name
 from rollart.runtime.client import channel
 from rollart.v1 import (
+    common_pb2,
     envmanager_pb2,
     envmanager_pb2_grpc,
     ledger_pb2,
@@ -173,18 +174,56 @@ def _instance_number(name: str) -> int:
 def actor_pools(cluster: dict[str, Any], opts: RunOptions) -> set[str]:
     """The actor pools ``rollart run`` starts: each instance's ``ROLLART_POOL`` (``cluster.env.actor-2``, else
     ``cluster.env.actor``, else the actor's default ``cpu``), or the pools of a ``cluster.actors`` list."""
+    return {pool for pool, _kind in actor_instance_pools(cluster, opts).values()}
+
+
+def actor_instance_pools(cluster: dict[str, Any], opts: RunOptions) -> dict[str, tuple[str, str]]:
+    """Each actor instance ``rollart run`` starts (``actor``, ``actor-2``, ...) -> (its pool, its kind), as
+    :func:`actor_pools` reads them (a pool list's members are numbered in list order)."""
     if isinstance(cluster.get("actors"), list):
-        return {p.pool for p in cluster_actor_pools(cluster)}
+        pools = cluster_actor_pools(cluster)
+        envs = local.pool_instances("actor", [(p.count, p.env) for p in pools])
+        return {name: (env["ROLLART_POOL"], env["ROLLART_POOL_KIND"]) for name, env in envs.items()}
     env = opts.service_env
-    base = str((env.get("actor") or {}).get("ROLLART_POOL", "cpu"))
+    base = env.get("actor") or {}
     names = ["actor"] + [f"actor-{i}" for i in range(2, opts.actors + 1)]
-    return {str((env.get(n) or {}).get("ROLLART_POOL", base)) for n in names}
+    return {
+        n: (
+            str((env.get(n) or {}).get("ROLLART_POOL", base.get("ROLLART_POOL", "cpu"))),
+            str((env.get(n) or {}).get("ROLLART_POOL_KIND", base.get("ROLLART_POOL_KIND", "cpu"))),
+        )
+        for n in names
+    }
+
+
+def stranded_tasks(
+    tasks: list[JobTask], instance_pools: dict[str, tuple[str, str]], dead: set[str]
+) -> list[tuple[int, JobTask, str]]:
+    """Tasks no actor can ever generate for again: their affinity names a pool (or kind) whose every actor
+    instance is dead and not restarted (the supervisor gave up on it), and allows no fallback. Each as
+    (index in tasks, task, what is gone). Rules by tags or ``auto`` are not judged here (the proxy still
+    answers their turns UNAVAILABLE)."""
+    out: list[tuple[int, JobTask, str]] = []
+    for i, t in enumerate(tasks):
+        rule = t.affinity
+        if rule is None or rule.allow_fallback or rule.auto:
+            continue
+        if rule.pool:
+            members = [n for n, (pool, _) in instance_pools.items() if pool == rule.pool]
+            what = f"pool {rule.pool!r}"
+        elif rule.pool_kind:
+            kind = common_pb2.PoolKind.Name(rule.pool_kind).removeprefix("POOL_KIND_").lower().replace("_", "-")
+            members = [n for n, (_, k) in instance_pools.items() if k == kind]
+            what = f"kind {kind}"
+        else:
+            continue
+        if members and all(n in dead for n in members):
+            out.append((i, t, f"every actor of {what} ({', '.join(sorted(members))}) is dead and not restarted"))
+    return out
 
 
 def _scorer_problem(spec: Any, scorers: list[Any] | None) -> str:
     """Why the reward service cannot score ``spec`` (a RewardSpec), or "" (no kind: the environment's default)."""
-    from rollart.v1 import common_pb2
-
     if not spec.kind or scorers is None:
         return ""
     kind = common_pb2.ScorerKind.Name(spec.kind).removeprefix("SCORER_KIND_").lower()
@@ -347,6 +386,8 @@ class Runner:
         self.events: list[Event] = []
         # (envmanager instance, its loop group): one per task; asked again of a restarted one (LoopKeeper).
         self.loops_requests: list[tuple[str, envmanager_pb2.StartLoopsRequest]] = []
+        # actor instance -> (pool, kind): which tasks lose their only actors when the supervisor gives up on one.
+        self.instance_pools: dict[str, tuple[str, str]] = {}
 
     def say(self, text: str) -> None:
         if hasattr(self, "progress"):
@@ -358,8 +399,9 @@ class Runner:
 
     def setup(self) -> None:
         out = self.opts.out_dir
+        self.instance_pools = actor_instance_pools(_section(self.data, "cluster"), self.opts)
         if self.tasks:  # before anything is built or started
-            check_affinity_pools(self.tasks, actor_pools(_section(self.data, "cluster"), self.opts))
+            check_affinity_pools(self.tasks, {pool for pool, _ in self.instance_pools.values()})
         if self.opts.fresh:
             for p in (
                 self.state_dir,
@@ -614,11 +656,54 @@ class Runner:
                 if stop.is_set():
                     break
                 await asyncio.to_thread(sup.check, lambda ev: loop.call_soon_threadsafe(self._event, ev))
+                if self.tasks and sup.dead & set(self.instance_pools):
+                    await self._stop_if_stranded(sup.dead, stop)
         finally:
             for task in keeping:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+
+    async def _stop_if_stranded(self, dead: set[str], stop: asyncio.Event) -> None:
+        """Stop the run, with one line saying why, when a task without fallback has lost every actor of its
+        pool for good: its turns can only fail UNAVAILABLE and its share of every batch would never fill (the
+        trainer would wait out batch_timeout). The proxy must agree: one probe turn of the task is refused."""
+        for i, t, gone in stranded_tasks(self.tasks, self.instance_pools, dead):
+            refused = await self._probe_turn(t.name)
+            if refused:
+                self.stop_reason = (
+                    f"task {t.name} cannot be generated any more: {gone}, and tasks[{i}].affinity has no "
+                    f"allow_fallback (the LLMProxy refuses its turns: {refused})"
+                )
+                self.say(f"rollart run: {self.stop_reason}")
+                stop.set()
+                return
+
+    async def _probe_turn(self, task: str) -> str:
+        """One 1-token turn of ``task`` through the LLMProxy: "" when an actor took it, else the proxy's
+        refusal (``CODE: details``). Inconclusive answers (a deadline while the proxy is suspended) count as
+        taken: the next supervisor pass asks again."""
+        ch = channel(self.state["services"]["llmproxy"]["address"], token=self.token, default_timeout=30.0)
+        req = llmproxy_pb2.TrajectoryGenerateRequest(
+            trajectory_id=f"rollart-run-probe-{task}-{time.time_ns()}",
+            task=task,
+            input=common_pb2.ModelInput(token_ids=[0]),
+            sampling=common_pb2.SamplingParams(max_tokens=1),
+        )
+        try:
+            async for _chunk in llmproxy_pb2_grpc.LLMProxyStub(ch).Generate(req, timeout=20.0):
+                return ""
+            return ""
+        except aio.AioRpcError as exc:
+            # The proxy's own refusal (a retryable UNAVAILABLE carries its trailer; an unreachable proxy's does
+            # not: it may be restarting, which strands nobody).
+            said = dict(exc.trailing_metadata() or ()).get("rollart-retryable") == "true"
+            code = exc.code()
+            if code == grpc.StatusCode.FAILED_PRECONDITION or (code == grpc.StatusCode.UNAVAILABLE and said):
+                return f"{exc.code().name}: {(exc.details() or '').splitlines()[0][:300]}"
+            return ""
+        finally:
+            await ch.close(grace=None)
 
     async def stop_job(self) -> None:
         groups: dict[str, list[str]] = {}
@@ -747,6 +832,17 @@ class Runner:
                     "turns": c.turns,
                     "rewards_pending": st.rewards_pending,
                     "failures_by_cause": dict(st.failures_by_cause),
+                }
+            finally:
+                await ch.close()
+        with contextlib.suppress(aio.AioRpcError, KeyError):
+            # Each task's routing as the proxy saw it: its profile and the turns routed outside its affinity.
+            ch = channel(svc["llmproxy"]["address"], token=self.token, default_timeout=10.0)
+            try:
+                table = await llmproxy_pb2_grpc.LLMProxyStub(ch).GetAffinity(llmproxy_pb2.GetAffinityRequest())
+                final["llmproxy"] = {
+                    "rules": {r.task: _rule_text(r) for r in table.rules},
+                    "profiles": {p.task: MessageToDict(p, preserving_proto_field_name=True) for p in table.profiles},
                 }
             finally:
                 await ch.close()

@@ -10,7 +10,15 @@ import pytest
 import yaml
 
 from rollart.job.metrics import task_rewards, to_record
-from rollart.job.run import Progress, RunOptions, _scorer_problem, actor_pools, plot_rewards
+from rollart.job.run import (
+    Progress,
+    RunOptions,
+    _scorer_problem,
+    actor_instance_pools,
+    actor_pools,
+    plot_rewards,
+    stranded_tasks,
+)
 from rollart.job.spec import SpecError, check_affinity_pools, cluster_actor_pools, job_tasks, load_job_file
 from rollart.v1 import common_pb2, reward_pb2, trainer_pb2
 
@@ -121,6 +129,32 @@ def test_actor_pools_per_instance_or_from_a_pool_list():
     opts.service_env["actor"] = {"ROLLART_POOL": "prefill"}
     assert actor_pools({}, opts) == {"prefill", "decode"}
     assert actor_pools({"actors": [{"pool": "h800", "count": 1}, {"pool": "h20", "count": 2}]}, opts) == {"h800", "h20"}
+
+
+def test_actor_instances_know_their_pool_and_kind():
+    opts = RunOptions(Path("x"), Path("y"), actors=2, service_env={"actor-2": {"ROLLART_POOL": "decode"}})
+    assert actor_instance_pools({}, opts) == {"actor": ("cpu", "cpu"), "actor-2": ("decode", "cpu")}
+    pools = {"actors": [{"pool": "h800", "kind": "gpu-compute", "count": 1}, {"pool": "h20", "kind": "gpu-bandwidth",
+             "count": 2}]}  # fmt: skip
+    assert actor_instance_pools(pools, opts) == {
+        "actor": ("h800", "gpu-compute"), "actor-2": ("h20", "gpu-bandwidth"), "actor-3": ("h20", "gpu-bandwidth")
+    }  # fmt: skip
+
+
+def test_a_task_is_stranded_only_when_its_whole_pool_is_dead_and_it_may_not_fall_back():
+    instances = {"actor": ("h800", "gpu-compute"), "actor-2": ("h20", "gpu-bandwidth"), "actor-3": ("h20", "gpu-bandwidth")}
+    data = two_tasks()
+    data["tasks"][0]["affinity"] = {"pool": "h20"}  # no fallback
+    data["tasks"][1]["affinity"] = {"pool_kind": "gpu-compute"}
+    tasks = job_tasks(data)
+    assert stranded_tasks(tasks, instances, {"actor-2"}) == []  # actor-3 still serves h20
+    [(i, t, gone)] = stranded_tasks(tasks, instances, {"actor-2", "actor-3"})
+    assert (i, t.name, gone) == (0, "frozenlake", "every actor of pool 'h20' (actor-2, actor-3) is dead and not restarted")
+    [(i, t, gone)] = stranded_tasks(tasks, instances, {"actor"})
+    assert (i, t.name) == (1, "arith") and gone.startswith("every actor of kind gpu-compute (actor)")
+    data["tasks"][0]["affinity"] = {"pool": "h20", "allow_fallback": True}
+    data["tasks"][1]["affinity"] = "auto"  # the proxy decides where an auto task goes: not judged here
+    assert stranded_tasks(job_tasks(data), instances, set(instances)) == []
 
 
 def test_scorer_checks():
