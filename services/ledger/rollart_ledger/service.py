@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import grpc
+import hiredis
 import redis.asyncio as aioredis
 from grpc import aio
 from prometheus_client import Counter
@@ -146,6 +147,17 @@ class _Signal:
             pass
 
 
+class _HiredisPackingConnection(aioredis.Connection):
+    """Packs commands with hiredis's C packer. redis-py's asyncio connection packs in Python (~0.7 us an argument:
+    5-7% of the ledger's CPU with batches of ~20 arguments per item); the bytes are the same (hiredis writes str
+    as UTF-8 and floats as their repr, as redis-py's encoder does)."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if isinstance(args[0], str) and " " in args[0]:  # 'SCRIPT LOAD': the name's words are separate arguments
+            args = (*args[0].split(), *args[1:])
+        return [hiredis.pack_command(args)]
+
+
 class LedgerService(lg.LedgerServicer):
     name = "ledger"
     service_names = [lp.DESCRIPTOR.services_by_name["Ledger"].full_name]
@@ -154,8 +166,12 @@ class LedgerService(lg.LedgerServicer):
         self.cfg = cfg
         # A bounded pool that makes a handler wait for a free connection: redis-py's default pool (100) fails a
         # call outright once that many handlers use Redis at once (e.g. 256 actors heartbeating together).
+        plain_tcp = cfg.redis_url.startswith("redis://")  # (unix:// and rediss:// keep their own connections)
         pool = aioredis.BlockingConnectionPool.from_url(
-            cfg.redis_url, max_connections=cfg.redis_max_connections, timeout=20
+            cfg.redis_url,
+            max_connections=cfg.redis_max_connections,
+            timeout=20,
+            **({"connection_class": _HiredisPackingConnection} if plain_tcp else {}),
         )
         self.redis = aioredis.Redis.from_pool(pool)  # closes the pool with the client
         self.p = cfg.key_prefix
