@@ -36,6 +36,9 @@ KEY = b"bench-transfer-key-0123456789abcdef"
 JOB = "bench"
 
 
+_CHANGES: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray]]] = {}  # (tensors, seed) -> positions, values
+
+
 def make_delta(mb: float, version: int, seed: int = 0, segment_kb: int = 512) -> list[bytes]:
     """A delta of about ``mb`` MB: bf16 tensors of 16M entries with 10 % of their positions changed, in
     segments of at most ``segment_kb`` KiB (the unit of striping and of cut-through forwarding)."""
@@ -54,9 +57,14 @@ def make_delta(mb: float, version: int, seed: int = 0, segment_kb: int = 512) ->
         format_version=1,
     )
     out: list[bytes] = []
-    for t in range(n_tensors):
-        idx = np.flatnonzero(rng.random(per_tensor) < density)
-        vals = rng.integers(0, 1 << 16, idx.size, dtype=np.uint16)
+    key = (n_tensors, seed)
+    if key not in _CHANGES:  # drawing the positions is most of the time; each version only re-encodes them
+        _CHANGES.clear()
+        _CHANGES[key] = []
+        for _ in range(n_tensors):
+            idx = np.flatnonzero(rng.random(per_tensor) < density)
+            _CHANGES[key].append((idx, rng.integers(0, 1 << 16, idx.size, dtype=np.uint16)))
+    for t, (idx, vals) in enumerate(_CHANGES[key]):
         out.extend(w.add_tensor(f"model.layers.{t}.mlp.down_proj.weight", "BF16", (per_tensor,), idx, vals))
     out.append(w.trailer())
     return out
