@@ -700,7 +700,8 @@ class Runner:
             said = dict(exc.trailing_metadata() or ()).get("rollart-retryable") == "true"
             code = exc.code()
             if code == grpc.StatusCode.FAILED_PRECONDITION or (code == grpc.StatusCode.UNAVAILABLE and said):
-                return f"{exc.code().name}: {(exc.details() or '').splitlines()[0][:300]}"
+                first = next(iter((exc.details() or "").splitlines()), "")  # one line, whatever the proxy said
+                return f"{code.name}: {first[:300]}"
             return ""
         finally:
             await ch.close(grace=None)

@@ -20,7 +20,7 @@ from rollart.job.run import (
     stranded_tasks,
 )
 from rollart.job.spec import SpecError, check_affinity_pools, cluster_actor_pools, job_tasks, load_job_file
-from rollart.v1 import common_pb2, reward_pb2, trainer_pb2
+from rollart.v1 import common_pb2, llmproxy_pb2, reward_pb2, trainer_pb2
 
 REPO = Path(__file__).resolve().parents[3]
 ARITH = "reasoning_gym:basic_arithmetic"
@@ -202,3 +202,85 @@ def test_ledger_status_lists_task_pools():
     assert "TASK POOLS" in text
     row = next(line for line in text.splitlines() if line.strip().startswith("frozenlake"))
     assert row.split() == ["frozenlake", "50%", "12", "1", "16"]
+
+
+class _RefusingProxy:
+    """An LLMProxy servicer whose Generate answers like the real one when no actor is in a task's scope."""
+
+    def __init__(self, code, details: str, retryable: bool) -> None:
+        self.code, self.details, self.retryable = code, details, retryable
+        self.tasks: list[str] = []
+
+    async def Generate(self, request, context):  # noqa: N802 - the gRPC method name
+        self.tasks.append(request.task)
+        if self.retryable:
+            context.set_trailing_metadata((("rollart-retryable", "true"),))
+        await context.abort(self.code, self.details)
+        yield  # pragma: no cover - a generator, as a response stream is
+
+
+async def _runner_against(servicer) -> tuple:
+    import grpc
+    from grpc import aio
+
+    from rollart.job.run import Runner
+
+    server = aio.server()
+    handler = grpc.method_handlers_generic_handler(
+        "rollart.v1.LLMProxy",
+        {"Generate": grpc.unary_stream_rpc_method_handler(
+            servicer.Generate, request_deserializer=llmproxy_pb2.TrajectoryGenerateRequest.FromString,
+            response_serializer=llmproxy_pb2.TrajectoryGenerateResponse.SerializeToString)},
+    )  # fmt: skip
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    data = two_tasks()
+    data["tasks"][1]["affinity"] = {"pool": "decode"}  # arith may not fall back
+    runner = Runner(RunOptions(Path("x"), Path("y")), data)
+    runner.state = {"services": {"llmproxy": {"address": f"127.0.0.1:{port}"}}}
+    runner.instance_pools = {"actor": ("prefill", "gpu-compute"), "actor-2": ("decode", "gpu-bandwidth")}
+    return server, runner
+
+
+async def test_a_stranded_task_stops_the_run_once_the_proxy_refuses_its_probe_turn():
+    import asyncio
+
+    import grpc
+
+    proxy = _RefusingProxy(grpc.StatusCode.UNAVAILABLE, "no usable actor for task 'arith' right now\nsecond", True)
+    server, runner = await _runner_against(proxy)
+    try:
+        stop = asyncio.Event()
+        await runner._stop_if_stranded({"actor"}, stop)  # the other pool died: arith is not stranded
+        assert not stop.is_set() and proxy.tasks == []
+        await runner._stop_if_stranded({"actor-2"}, stop)
+        assert stop.is_set() and proxy.tasks == ["arith"]
+        assert runner.stop_reason == (
+            "task arith cannot be generated any more: every actor of pool 'decode' (actor-2) is dead and not "
+            "restarted, and tasks[1].affinity has no allow_fallback (the LLMProxy refuses its turns: UNAVAILABLE: "
+            "no usable actor for task 'arith' right now)"
+        )
+        proxy.details = ""  # no details at all: still one line
+        assert await runner._probe_turn("arith") == "UNAVAILABLE: "
+        proxy.retryable = False  # an UNAVAILABLE the proxy did not say (it may be restarting): not a refusal
+        assert await runner._probe_turn("arith") == ""
+        proxy.code, proxy.details = grpc.StatusCode.FAILED_PRECONDITION, "no actor has ever been registered"
+        assert await runner._probe_turn("arith") == "FAILED_PRECONDITION: no actor has ever been registered"
+    finally:
+        await server.stop(None)
+
+
+async def test_an_unreachable_proxy_strands_nobody():
+    import asyncio
+
+    from rollart.job.run import Runner
+
+    data = two_tasks()
+    data["tasks"][1]["affinity"] = {"pool": "decode"}
+    runner = Runner(RunOptions(Path("x"), Path("y")), data)
+    runner.state = {"services": {"llmproxy": {"address": "127.0.0.1:1"}}}  # nothing listens there
+    runner.instance_pools = {"actor-2": ("decode", "gpu-bandwidth")}
+    stop = asyncio.Event()
+    await runner._stop_if_stranded({"actor-2"}, stop)
+    assert not stop.is_set() and runner.stop_reason == ""
