@@ -3,6 +3,7 @@ store's limit (redis-benchmark SET on the same redis-server), with CPU per op; G
 
     .venv/bin/python -m bench.bench_ledger [--seconds 8] [--clients 1 8 32] [--modes single batched]
                                            [--json PATH] [--py-spy PATH] [--baseline PATH]
+    .venv/bin/python -m bench.bench_ledger --script-costs 4000 [--script-batch 16] [--json PATH]
 
 Starts a private redis-server (AOF, appendfsync always: what `rollart up` runs) and a real rollart-ledger
 process. For each client count, each mode runs that many concurrent environment loops (asyncio, one process),
@@ -21,7 +22,9 @@ client process (the three share the machine). With ``--py-spy`` (a py-spy binary
 ledger is sampled during the last batched row and its hottest functions are printed. GetBatch latency is
 measured on a buffer of complete groups (B = one group, then AckBatch). JSON (one object per row) goes to
 ``--json`` (default bench/out/ledger.json). ``--baseline`` (the JSON of an earlier run, e.g. of an older commit
-run from a git worktree just before) adds a table of this run beside it, row by row.
+run from a git worktree just before) adds a table of this run beside it, row by row. ``--script-costs N`` measures
+only Redis's own cost per lease and per result of the scripts, single-item against batched (no gRPC, no ledger
+process; with PYTHONPATH on an older commit's services/ledger it measures that commit's scripts).
 """
 
 from __future__ import annotations
@@ -251,6 +254,89 @@ def print_beside(baseline: Path, rows: list[dict]) -> None:
               f"{cpu(b):.3f} | {cpu(r):.3f} | {b['redis_cpu_ms_per_op']:.3f} | {r['redis_cpu_ms_per_op']:.3f} |")
 
 
+async def script_costs(n_ops: int, batch: int) -> list[dict]:
+    """Redis's own cost of the lease + settle scripts, per item: the single-item scripts (one EVALSHA per lease or
+    result) against the batch scripts (batches of ``batch``), driven in-process (rollart_ledger.scripts) on a
+    private redis-server with AOF but no fsync, so what is left is script work. Redis CPU from INFO cpu (CPU
+    seconds: steadier than EVALSHA's wall-clock usec on a loaded machine), both per item."""
+    import redis.asyncio as aioredis
+
+    from rollart_ledger import policy as pol
+    from rollart_ledger.scripts import AcquireArgs, LedgerScripts, NewGroup, Submission
+
+    traj = TEMPLATE.SerializeToString()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ledger-scripts-"))
+    proc, url = start_redis(tmp, appendfsync="no")
+    r = aioredis.from_url(url)
+
+    async def cpu_us() -> float:
+        info = await r.info("cpu")
+        return (float(info["used_cpu_user"]) + float(info["used_cpu_sys"])) * 1e6
+
+    async def evalsha_us() -> float:
+        return float((await r.info("commandstats")).get("cmdstat_evalsha", {}).get("usec", 0))
+
+    out: list[dict] = []
+    try:
+        for mode in ("single", "batched"):
+            s = LedgerScripts(r, f"costs:{mode}:")
+            await s.load()
+            await s.ensure_policy(pol.defaults(""))
+            await s.set_policy(pol.fill(lp.JobPolicy(job_id="j", group_size=G, buffer_capacity=10**7, alpha=1), ""))
+            await s.register_version(common_pb2.PolicyVersion(version=0, base_version=-1, hash=HASH0))
+            for st in range(0, n_ops // G + 2 * G, 1000):
+                groups = [NewGroup("", f"p{st + j}", "math", lp.Prompt(prompt_id=f"p{st + j}").SerializeToString())
+                          for j in range(1000)]  # fmt: skip
+                await s.add_prompts(group_size=G, redundancy=0, step=0, priority=0, groups=groups)
+            acquire_many = getattr(s, "acquire_batch", None) or s.acquire_many  # (an older commit's name)
+            submit_many = getattr(s, "submit_batch", None) or s.submit_many
+            leases: list[lp.Lease] = []
+            c0, e0 = await cpu_us(), await evalsha_us()
+            for _ in range(0, n_ops, batch):
+                if mode == "single":
+                    for j in range(batch):
+                        got = await s.acquire(holder=f"h{j}", max_leases=1, region="", group_id="", tasks=())
+                        leases += got.leases
+                else:
+                    for g in await acquire_many([AcquireArgs(f"h{j}", 1) for j in range(batch)]):
+                        leases += g.leases  # type: ignore[union-attr]
+            c1, e1 = await cpu_us(), await evalsha_us()
+            subs = [Submission(lease_id=le.lease_id, trajectory_id=f"t-{le.lease_id}", holder=le.holder,
+                               lease_version=0, ok=True, token_versions=(0, 0), scored=True, reward=1.0,
+                               trajectory=traj, tau_window_ms=5000, version_hashes={0: HASH0}, work=(),
+                               generated_tokens=128) for le in leases]  # fmt: skip
+            for i in range(0, len(subs), batch):
+                if mode == "single":
+                    verdicts = [await s.settle(x) for x in subs[i : i + batch]]
+                else:
+                    verdicts = await submit_many(subs[i : i + batch])
+                assert all(getattr(v, "admitted", False) for v in verdicts), verdicts[:1]
+            c2, e2 = await cpu_us(), await evalsha_us()
+            n = len(leases)
+            out.append({
+                "mode": mode, "items": n, "batch": 1 if mode == "single" else batch,
+                "acquire_redis_cpu_us": (c1 - c0) / n, "submit_redis_cpu_us": (c2 - c1) / n,
+                "acquire_script_us": (e1 - e0) / n, "submit_script_us": (e2 - e1) / n,
+                "load_avg": os.getloadavg()[0],
+            })  # fmt: skip
+    finally:
+        await r.aclose()
+        proc.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def print_script_costs(rows: list[dict]) -> None:
+    print("\nRedis's own cost per item (in-process driver, private redis-server, AOF without fsync):")
+    print("| mode | items | Redis CPU µs per lease (acquire) | per result (submit) | script µs per lease | per result |"
+          " load |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for c in rows:
+        print(f"| {c['mode']} (batch {c['batch']}) | {c['items']} | {c['acquire_redis_cpu_us']:.1f} | "
+              f"{c['submit_redis_cpu_us']:.1f} | {c['acquire_script_us']:.1f} | {c['submit_script_us']:.1f} | "
+              f"{c['load_avg']:.1f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=8.0, help="measuring time per row")
@@ -264,7 +350,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "out" / "ledger.json")
     parser.add_argument("--py-spy", type=Path, help="py-spy binary: sample the ledger during the last batched row")
     parser.add_argument("--baseline", type=Path, help="JSON rows of an earlier run: print this run beside them")
+    parser.add_argument("--script-costs", type=int, metavar="N",
+                        help="only measure Redis's cost per item of N leases and results, single vs batched")
+    parser.add_argument("--script-batch", type=int, default=16, help="--script-costs: items per batch")
     args = parser.parse_args(argv)
+    if args.script_costs:
+        costs = asyncio.run(script_costs(args.script_costs, args.script_batch))
+        print_script_costs(costs)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text("".join(json.dumps(c) + "\n" for c in costs))
+        return 0
     from rollart_envmanager.ledger_batch import MAX_IN_FLIGHT
 
     max_in_flight = args.max_in_flight or MAX_IN_FLIGHT
