@@ -567,7 +567,7 @@ local function acquire_take(V, holder, max, region, chunk)
       if ok then
         local lseq = redis.call('INCR', k('lease:seq'))
         local lid = 'L' .. lseq
-        local att = redis.call('HINCRBY', k('g:' .. gid), 'a' .. idx, 1)
+        local att = tn(G['a' .. idx], 0) + 1  -- G is this run's own read: the slot's attempts so far
         local as = pick_actor()
         local exp = NOW + V.ttl
         redis.call('HSET', k('l:' .. lid), 'id', lid, 'gid', gid, 'idx', idx, 'ver', V.ver, 'holder', holder,
@@ -578,7 +578,9 @@ local function acquire_take(V, holder, max, region, chunk)
         redis.call('ZADD', k('leases'), lseq, lid)
         redis.call('HINCRBY', k('cnt'), tostring(ACTIVE), 1)
         pool_rem(gid, G, idx)
-        slot_set(gid, G, idx, 'L:' .. lid)
+        -- the slot's attempts and its lease in one write (slot_set's, with the attempts)
+        redis.call('HSET', k('g:' .. gid), 'a' .. idx, att, 's' .. idx, 'L:' .. lid)
+        G['a' .. idx], G['s' .. idx] = tostring(att), 'L:' .. lid
         progress_of[gid] = progress_of[gid] + 1
         V.gone[e[4]], V.ngone = true, V.ngone + 1
         out[#out + 1] = lease_row(lid)
