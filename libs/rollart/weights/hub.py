@@ -519,17 +519,23 @@ class DeltaHub:
             self._track(session, buf)
         else:
             buf = await self._wait_version(hello.version)
-            session = tp.SenderSession(
-                job=self.job,
-                version=hello.version,
-                streams=hello.streams,
-                session_id=hello.session_id,
-                reconnect_timeout=self.reconnect_timeout,
-                idle_timeout=self.idle_timeout,
-                name=f"{self.relay_id} -> pull v{hello.version} ({hello.session_hex})",
-            )
-            self._track(session, buf)
-            self._spawn(self._feed(session, buf))
+            # The session's other stripes waited for the version too: the first to get here opens the session,
+            # the others join it (each opening its own sent every segment once per stripe: 2x at S = 2).
+            session = self._sessions.get(hello.session_id)
+            if session is None:
+                session = tp.SenderSession(
+                    job=self.job,
+                    version=hello.version,
+                    streams=hello.streams,
+                    session_id=hello.session_id,
+                    reconnect_timeout=self.reconnect_timeout,
+                    idle_timeout=self.idle_timeout,
+                    name=f"{self.relay_id} -> pull v{hello.version} ({hello.session_hex})",
+                )
+                self._track(session, buf)
+                self._spawn(self._feed(session, buf))
+            elif session.streams != hello.streams or session.version != hello.version or session.finished:
+                raise tp.RefusedError(f"session {hello.session_hex} does not match an open session")
         index = hello.stream_index
         return lambda conn: session.attach(index, conn)
 

@@ -150,3 +150,27 @@ async def test_ingest_rejects_foreign_jobs_and_bad_segments() -> None:
         await h.ingest(bytes(bad))
     assert not h.versions
     assert sg.parse(d[0], KEY).seq == 0
+
+
+async def test_a_pull_session_dialled_before_its_version_arrives_is_one_session() -> None:
+    """Every stripe of a pull session waits for the version at admission; the first one through opens the
+    session and the others join it, so each segment is sent once, not once per stripe."""
+    from rollart.weights import transport as tp
+
+    d = deltas(1)[0]
+    h = hub(pull_wait=10)
+    await h.start("127.0.0.1:0")
+    try:
+        sink = tp.TrackerSink(tp.SegmentTracker(JOB, 1))
+        opening = asyncio.ensure_future(
+            tp.open_pull(h.data_endpoint, job=JOB, key=KEY, version=1, sink=sink, streams=3)
+        )
+        await asyncio.sleep(0.3)  # all three stripes are waiting in admission
+        assert not opening.done()
+        await fill(h, d)
+        session = await asyncio.wait_for(opening, 10)
+        await session.wait(10)
+        assert sink.ordered() == d and sink.tracker.verified
+        assert session.duplicates == 0 and sink.tracker.duplicates == 0
+    finally:
+        await h.stop()
