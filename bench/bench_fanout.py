@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "libs"))
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_transfer import JOB, KEY, make_delta  # noqa: E402
+from bench.bench_transfer import JOB, KEY, make_delta, voluntary_switches  # noqa: E402
 from rollart.weights import transport as tp  # noqa: E402
 from rollart.weights.hub import DeltaHub  # noqa: E402
 
@@ -58,10 +58,11 @@ async def actor_node(endpoint: str, version: int, n: int, streams: int) -> None:
         return time.time()
 
     print("READY", flush=True)
-    t0 = os.times()
+    t0, w0 = os.times(), voluntary_switches("self")
     done = await asyncio.gather(*(actor(i) for i in range(n)))
-    t1 = os.times()
-    print(json.dumps({"done": done, "user": t1.user - t0.user, "sys": t1.system - t0.system}), flush=True)
+    t1, w1 = os.times(), voluntary_switches("self")
+    print(json.dumps({"done": done, "user": t1.user - t0.user, "sys": t1.system - t0.system, "wakeups": w1 - w0}),
+          flush=True)
 
 
 async def _nothing(seg: object) -> None:
@@ -209,17 +210,22 @@ async def run(a: argparse.Namespace) -> list[tuple]:
 
 
 def cpu_now(pids: dict[str, int]) -> dict[str, float]:
-    """CPU seconds so far of this process (the trainer's hub) and of the named helper processes."""
+    """CPU seconds so far of this process (the trainer's hub) and of the named helper processes, and their
+    wake-ups ("wake NAME": voluntary context switches)."""
     t = os.times()
-    return {"trainer": t.user + t.system} | {k: sum(proc_cpu(p)) for k, p in pids.items()}
+    cpu = {"trainer": t.user + t.system} | {k: sum(proc_cpu(p)) for k, p in pids.items()}
+    wake = {"wake trainer": voluntary_switches("self")} | {f"wake {k}": voluntary_switches(p) for k, p in pids.items()}
+    return cpu | wake
 
 
 def cpu_since(c0: dict[str, float], pids: dict[str, int], actor_report: dict) -> dict[str, float]:
-    """CPU seconds each part of one fan-out spent, the actors' process from its own report."""
+    """CPU seconds (and wake-ups) each part of one fan-out spent, the actors' process from its own report."""
     c1 = cpu_now(pids)
     out = {k: c1[k] - c0[k] for k in c0}
     out["actors"] = actor_report["user"] + actor_report["sys"]
-    out["total"] = sum(out.values())
+    out["wake actors"] = actor_report.get("wakeups", 0)
+    out["total"] = sum(v for k, v in out.items() if not k.startswith("wake"))
+    out["wakeups"] = sum(v for k, v in out.items() if k.startswith("wake "))
     return out
 
 
@@ -389,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         # "cores got" = sum / wall, what the run actually got of the shared machine.
         cores = os.cpu_count() or 1
         print(f"{'mode':<18} {'N':>3} {'egress MB':>10} {'x delta':>8} {'last actor s':>13} {'vs direct':>10} "
-              f"{'vs N=1':>7} {'links s':>8} {'CPU s':>6} {'CPU bound s':>11} {'cores got':>9}  CPU s by part")
+              f"{'vs N=1':>7} {'links s':>8} {'CPU s':>6} {'CPU bound s':>11} {'cores got':>9} {'wake/MB':>8}  "
+              "CPU s by part")
         direct = {n: t for m, n, _, t, _, _ in rows if m == "trainer_direct"}
         one = {m: t for m, n, _, t, _, _ in rows if n == 1}
         result["links"] = []
@@ -397,13 +404,16 @@ def main(argv: list[str] | None = None) -> int:
             links = max(size / (a.link_mbps * 1e6), n * size / (a.lan_mbps * 1e6))
             if mode == "trainer_direct":
                 links = n * size / (a.link_mbps * 1e6)
-            parts = ", ".join(f"{k} {v:.2f}" for k, v in cpu.items() if k != "total")
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in cpu.items() if k not in ("total", "wakeups")
+                              and not k.startswith("wake"))
+            wake_mb = cpu["wakeups"] / (size / 1e6)  # all processes' wake-ups per MB of delta
             print(f"{mode:<18} {n:>3} {egress / 1e6:>10.1f} {egress / size:>8.2f} {t:>13.2f} {direct[n] / t:>9.2f}x "
                   f"{t / one[mode]:>6.2f}x {links:>8.2f} {cpu['total']:>6.2f} {cpu['total'] / cores:>11.2f} "
-                  f"{cpu['total'] / t:>9.2f}  {parts}")
+                  f"{cpu['total'] / t:>9.2f} {wake_mb:>8.0f}  {parts}")
             result["links"].append({"mode": mode, "n": n, "egress_bytes": egress, "seconds": t,
                                     "vs_n1": t / one[mode], "link_bound_s": links, "cpu_s": cpu,
-                                    "cpu_bound_s": cpu["total"] / cores, "cores_got": cpu["total"] / t})
+                                    "cpu_bound_s": cpu["total"] / cores, "cores_got": cpu["total"] / t,
+                                    "wakeups_per_mb": wake_mb})
         result["loadavg_end"] = os.getloadavg()
     if a.cpu_mb > 0:
         cpu = asyncio.run(cpu_section(a))

@@ -139,22 +139,24 @@ def export_emulator(ref: str, dest: Path) -> Path:
     return out
 
 
+def voluntary_switches(pid: int | str) -> int:
+    """Voluntary context switches of a process so far (every thread): each one is the process blocking and
+    being woken again, so their count per MB is the wake-ups per MB its work needs."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass  # a thread that just ended
+    return total
+
+
 def wakeups_of(relay_pid: int, emulator_pid: int) -> dict[str, int]:
-    """Voluntary context switches so far (every thread): each one is the process blocking and being woken
-    again, so their count per MB is the wake-ups per MB this work needs."""
-
-    def proc(pid: int | str) -> int:
-        total = 0
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            try:
-                for line in (task / "status").read_text().splitlines():
-                    if line.startswith("voluntary_ctxt_switches"):
-                        total += int(line.split()[1])
-            except OSError:
-                pass  # a thread that just ended
-        return total
-
-    return {"sender": proc("self"), "emulator": proc(emulator_pid), "relay": proc(relay_pid)}
+    """Wake-ups so far of the sender (this process), the emulator and the relay."""
+    return {"sender": voluntary_switches("self"), "emulator": voluntary_switches(emulator_pid),
+            "relay": voluntary_switches(relay_pid)}
 
 
 def cpu_of(relay_pid: int, emulator_pid: int) -> dict[str, float]:
