@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "services" / "trainer"))
 sys.path.insert(0, str(ROOT))
 
 from bench import bench_codec  # noqa: E402
-from rollart.delta import WeightSet  # noqa: E402
+from rollart.delta import WeightSet, save_safetensors  # noqa: E402
 
 
 def build_model(out: Path, layers: int, seed: int = 0) -> None:
@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=32, help="prompt and action tokens per sample")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--save", type=Path, help="also write each lr's bf16 checkpoints (lr<lr>-step<k>.safetensors) "
+                    "here, for bench_codec --real with repeats")
     a = ap.parse_args(argv)
     from rollart_trainer.grpo import GrpoSettings, TorchBackend
 
@@ -83,11 +85,16 @@ def main(argv: list[str] | None = None) -> int:
             backend = TorchBackend.from_pretrained(model_dir, GrpoSettings(learning_rate=lr))
             rng = np.random.default_rng(0)
             prev = backend.weight_set(0)
+            if a.save:
+                a.save.mkdir(parents=True, exist_ok=True)
+                save_safetensors(a.save / f"lr{lr:g}-step0.safetensors", prev)
             for step in range(1, a.steps + 1):
                 t0 = time.process_time()
                 stats = backend.train_step(batch(rng, a.groups, a.group_size, a.tokens, a.tokens, 151936))
                 train_cpu = time.process_time() - t0
                 cur = backend.weight_set(step)
+                if a.save:
+                    save_safetensors(a.save / f"lr{lr:g}-step{step}.safetensors", cur)
                 base = WeightSet(prev.arrays, prev.dtypes, 0, bench_codec.BASE_HASH)
                 rows = bench_codec.run_case(f"lr {lr:g} step {step}", None, base, cur, repeat=1)
                 entries = sum(a_.size for a_ in cur.arrays.values())

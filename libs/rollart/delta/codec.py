@@ -32,6 +32,9 @@ from .errors import (
 from .identity import weights_digest
 from .names import EngineTensor, ParamMap
 from .safetensors_io import WeightSet
+from .scratch import Scratch
+from .scratch import acquire as acquire_scratch
+from .scratch import release as release_scratch
 
 _EXTRACT_CHUNK = 1 << 18  # elements compared per step: the temporary bool mask stays in cache (~1.5x faster)
 
@@ -62,9 +65,10 @@ def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
 
 
 def extract_tensor(
-    et: EngineTensor, base: Mapping[str, np.ndarray], target: Mapping[str, np.ndarray]
+    et: EngineTensor, base: Mapping[str, np.ndarray], target: Mapping[str, np.ndarray], scratch: Scratch | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Changed positions of an engine tensor (member block offsets added) and the new raw values."""
+    """Changed positions of an engine tensor (member block offsets added) and the new raw values. With
+    ``scratch`` they may be views of its buffers (valid until the next tensor is extracted with it)."""
     dtype = dt.by_name(et.dtype)
     members: list[tuple[np.ndarray, np.ndarray, int]] | None = []
     for p in et.parts:
@@ -74,7 +78,7 @@ def extract_tensor(
             continue
         flat_a, flat_b = (np.ascontiguousarray(x).reshape(-1).view(dtype.raw) for x in (a, b))
         members.append((flat_a, flat_b, p.offset))
-    fast = kernels.scan_parts(members) if members else None
+    fast = kernels.scan_parts(members, scratch) if members else None
     if fast is not None:  # one compiled pass over every member: compare, positions and values (same as below)
         return fast
     idx_parts, val_parts = [], []
@@ -148,7 +152,9 @@ class _Part:
         return len(self.index_stream) + len(self.value_stream)
 
 
-def _gap_stream(idx: np.ndarray, itemsize: int, budget: int) -> tuple[np.ndarray, list[int], list[tuple[int, int]]]:
+def _gap_stream(
+    idx: np.ndarray, itemsize: int, budget: int, scratch: Scratch | None = None
+) -> tuple[np.ndarray, list[int], list[tuple[int, int]]]:
     """LEB128 of the gaps between ascending positions, segment bounds within ``budget``, and each segment's
     slice ``(lo, hi)`` of the gap stream (its entries after the first: the first is stored absolute).
 
@@ -159,7 +165,7 @@ def _gap_stream(idx: np.ndarray, itemsize: int, budget: int) -> tuple[np.ndarray
     When few gaps need more than one byte (densities above ~3%), the stream is the gaps' low bytes with the
     few continuation bytes inserted, and offsets come from the cumulative extra bytes of those few.
     """
-    fast = kernels.gap_segments(idx, itemsize, budget)
+    fast = kernels.gap_segments(idx, itemsize, budget, scratch)
     if fast is not None:
         return fast
     n = idx.size
@@ -264,6 +270,8 @@ class DeltaWriter:
         self.tensors: dict[str, TensorStats] = {}
         self._busy = False
         self.hash: bytes | None = None  # h(v), set by trailer()
+        # DeltaEncoder's work buffers: a tensor's intermediates are done with once its segments are sealed.
+        self._scratch: Scratch | None = None
 
     def add_tensor(
         self,
@@ -273,11 +281,15 @@ class DeltaWriter:
         indices: np.ndarray,
         values: np.ndarray,
         dense: Callable[[], np.ndarray] | None = None,
+        *,
+        _extracted: bool = False,
     ) -> Iterator[bytes]:
         """Segments for one tensor: ``indices`` ascending unique flat positions, ``values`` their new bits.
 
         ``dense`` (version 2): returns the whole new tensor, flat; when given and enough of the tensor
-        changed, the dense encoding is built too and the smaller of the two is written.
+        changed, the dense encoding is built too and the smaller of the two is written. (``_extracted``:
+        the positions come from :func:`extract_tensor`, ascending, unique and in range by construction, so
+        they are not checked again: a pass over them.)
         """
         if self.hash is not None:
             raise RuntimeError("writer already finished")
@@ -296,7 +308,8 @@ class DeltaWriter:
         if vals.dtype.itemsize != d.itemsize or vals.size != idx.size:
             raise ValueError(f"{name}: {vals.size} values of {vals.dtype} do not fit {idx.size} {dtype} positions")
         vals = vals.view(d.raw)
-        if idx.size and (int(idx[0]) < 0 or int(idx[-1]) >= numel or not bool((idx[1:] > idx[:-1]).all())):
+        ordered = _extracted or bool((idx[1:] > idx[:-1]).all())
+        if idx.size and (int(idx[0]) < 0 or int(idx[-1]) >= numel or not ordered):
             raise ValueError(f"{name}: positions must be ascending, unique and within {numel}")
         stats = TensorStats(name, d.name, numel)
         self.tensors[name] = stats
@@ -332,7 +345,7 @@ class DeltaWriter:
         # `budget`) and then the gaps to the following positions (gap g belongs to entry g+1: segment [s, e)
         # takes gaps s .. e-2, its slice (lo, hi) of the stream). Segments are cut by their raw size; coding
         # can only make them smaller.
-        stream, bounds, slices = _gap_stream(idx, d.itemsize, budget)
+        stream, bounds, slices = _gap_stream(idx, d.itemsize, budget, self._scratch)
         v2 = self.format_version == sg.FORMAT_V2
         parts = []
         for p, (lo, hi) in enumerate(slices):
@@ -342,7 +355,7 @@ class DeltaWriter:
             seg_vals = vals[s:e]
             if v2:
                 ic, index_stream = streams.code_index(index_stream)
-                vc, value_stream = streams.code_values(seg_vals)
+                vc, value_stream = streams.code_values(seg_vals, self._scratch)
             else:
                 ic, vc, value_stream = sg.CODING_RAW, sg.CODING_RAW, seg_vals.data.cast("B")
             parts.append(_Part(sg.LAYOUT_SPARSE, e - s, 0, ic, index_stream, vc, value_stream))
@@ -353,7 +366,7 @@ class DeltaWriter:
         parts = []
         for s in range(0, flat.size, per):
             chunk = flat[s : s + per]
-            vc, value_stream = streams.code_values(chunk)
+            vc, value_stream = streams.code_values(chunk, self._scratch)
             parts.append(_Part(sg.LAYOUT_DENSE, chunk.size, s, sg.CODING_RAW, b"", vc, value_stream))
         return parts
 
@@ -489,9 +502,15 @@ class DeltaEncoder:
 
     def segments(self) -> Iterator[bytes]:
         w = self.writer
-        for et in self.param_map:
-            idx, vals = extract_tensor(et, self.base.arrays, self.target.arrays)
-            yield from w.add_tensor(et.name, et.dtype, et.shape, idx, vals, dense=_flat_target(et, self.target.arrays))
+        w._scratch = acquire_scratch()  # one tensor's intermediates at a time: each is sealed before the next
+        try:
+            for et in self.param_map:
+                idx, vals = extract_tensor(et, self.base.arrays, self.target.arrays, w._scratch)
+                dense = _flat_target(et, self.target.arrays)
+                yield from w.add_tensor(et.name, et.dtype, et.shape, idx, vals, dense, _extracted=True)
+        finally:
+            release_scratch(w._scratch)
+            w._scratch = None
         if w.format_version == sg.FORMAT_V2 and w.segment_count == 0:
             et = next((t for t in self.param_map if t.numel), None)
             if et is None:

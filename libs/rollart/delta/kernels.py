@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from .scratch import Scratch
+
 MIN_ELEMENTS = 1 << 16  # below this the numpy path is as fast and nothing needs compiling
-_SAMPLE = 1 << 16
+_SAMPLE = 1 << 14  # elements of each member whose changed fraction sizes the output (grown if it misleads)
 
 _state: dict[str, Any] = {}
 
@@ -99,33 +101,64 @@ def _compile() -> dict[str, Any]:
         # One pass: the LEB128 gap stream, and the segment cuts of codec._gap_stream's rule (cost[j] = stream
         # bytes through gap j-1 + values through entry j; a segment from s ends before the first j whose
         # cost exceeds cost[s-1] + budget). bounds[i] is where segment i starts; lo[i] / hi[i] its slice of
-        # the gap stream: lo[i] = end of gap bounds[i]-1, hi[i] = end of gap bounds[i+1]-2.
+        # the gap stream: lo[i] = end of gap bounds[i]-1, hi[i] = end of gap bounds[i+1]-2. `stream` has
+        # room for 10 bytes per gap, so the 2-byte write below never runs past it.
         n = idx.size
         o = 0
         nb = 0
         bounds[0] = 0
         lo[0] = 0
         used = 0
-        for j in range(1, n):
-            before = o
-            v = idx[j] - idx[j - 1]
-            while v >= 0x80:
-                stream[o] = (v & 0x7F) | 0x80
-                v >>= 7
-                o += 1
-            stream[o] = v
-            o += 1
-            if o + (j + 1) * itemsize > used + budget:
-                hi[nb] = before
-                nb += 1
-                bounds[nb] = j
-                lo[nb] = o
-                used = before + j * itemsize
+        j = 1
+        C = 64
+        while j < n:
+            # Chunks of C gaps all below 0x80 with no cut inside: one byte each, vectorised (dense changes).
+            if j + C <= n:
+                top = 0
+                for t in range(C):
+                    top = max(top, idx[j + t] - idx[j + t - 1])
+                if top < 0x80 and o + C + (j + C) * itemsize <= used + budget:
+                    for t in range(C):
+                        stream[o + t] = idx[j + t] - idx[j + t - 1]
+                    o += C
+                    j += C
+                    continue
+            e = min(n, j + C)
+            while j < e:
+                before = o
+                v = idx[j] - idx[j - 1]
+                if v < 0x4000:  # 1 or 2 bytes without a branch on which (at ~1% changed it is a coin toss)
+                    more = v >= 0x80
+                    stream[o] = (v & 0x7F) | (more << 7)
+                    stream[o + 1] = v >> 7
+                    o += 1 + more
+                else:
+                    while v >= 0x80:
+                        stream[o] = (v & 0x7F) | 0x80
+                        v >>= 7
+                        o += 1
+                    stream[o] = v
+                    o += 1
+                if o + (j + 1) * itemsize > used + budget:
+                    hi[nb] = before
+                    nb += 1
+                    bounds[nb] = j
+                    lo[nb] = o
+                    used = before + j * itemsize
+                j += 1
         hi[nb] = o
         bounds[nb + 1] = n
         return o, nb + 1
 
-    return {"scan16": scan16, "leb_cut": leb_cut}
+    @jit
+    def planes16(v, out):
+        # Byte planes of 2-byte values: low bytes, then high bytes (vectorised; numpy's strided transpose is not).
+        n = v.size
+        for i in range(n):
+            out[i] = v[i] & 0xFF
+            out[n + i] = v[i] >> 8
+
+    return {"scan16": scan16, "leb_cut": leb_cut, "planes16": planes16}
 
 
 def scan_changed(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -135,10 +168,13 @@ def scan_changed(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return scan_parts([(old, new, 0)])
 
 
-def scan_parts(parts: list[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray] | None:
+def scan_parts(
+    parts: list[tuple[np.ndarray, np.ndarray, int]], scratch: Scratch | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
     """:func:`scan_changed` over the members of one engine tensor, ``(old, new, offset)`` in ascending offset
     order, into one pair of arrays (positions with the member's offset added): what numpy gives by scanning
-    each and concatenating. None unless every member qualifies. Output sized from a sample of each member."""
+    each and concatenating. None unless every member qualifies. Output sized from a sample of each member;
+    with ``scratch``, views of its buffers (valid until they are asked for again)."""
     if not parts or not available():
         return None
     cap = 1 << 16
@@ -147,8 +183,8 @@ def scan_parts(parts: list[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.ndar
             return None
         sampled = np.count_nonzero(old[:_SAMPLE] != new[:_SAMPLE]) / _SAMPLE
         cap += int(old.size * min(1.0, 1.5 * sampled + 0.01))  # grown (copied) only if the sample misled
-    pos = np.empty(cap, np.int64)
-    vals = np.empty(cap, np.uint16)
+    pos = np.empty(cap, np.int64) if scratch is None else scratch.array("positions", cap, np.int64)
+    vals = np.empty(cap, np.uint16) if scratch is None else scratch.array("values", cap, np.uint16)
     k = 0
     for old, new, off in parts:
         s = 0
@@ -162,15 +198,25 @@ def scan_parts(parts: list[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.ndar
 
 
 def gap_segments(
-    idx: np.ndarray, itemsize: int, budget: int
+    idx: np.ndarray, itemsize: int, budget: int, scratch: Scratch | None = None
 ) -> tuple[np.ndarray, list[int], list[tuple[int, int]]] | None:
     """(LEB128 stream of the gaps between ascending positions, segment bounds, each segment's slice of the
-    stream) as ``codec._gap_stream`` computes them with numpy, in one pass. None without the kernels."""
+    stream) as ``codec._gap_stream`` computes them with numpy, in one pass. None without the kernels. With
+    ``scratch`` the stream is a view of its buffer."""
     if idx.size < MIN_ELEMENTS // 16 or not available():
         return None
     n = idx.size
-    stream = np.empty(10 * (n - 1), np.uint8)
+    stream = np.empty(10 * (n - 1), np.uint8) if scratch is None else scratch.array("gaps", 10 * (n - 1), np.uint8)
     most = n + 1  # at most one segment per entry; np.empty only reserves: the pages used are the few written
     bounds, lo, hi = np.empty(most, np.int64), np.empty(most, np.int64), np.empty(most, np.int64)
     o, segs = _state["leb_cut"](idx.astype(np.int64, copy=False), itemsize, budget, stream, bounds, lo, hi)
     return stream[:o], bounds[: segs + 1].tolist(), list(zip(lo[:segs].tolist(), hi[:segs].tolist(), strict=True))
+
+
+def byte_planes16(values: np.ndarray, out: np.ndarray) -> bool:
+    """Fill ``out`` (uint8, 2 * values.size) with the byte planes of 2-byte ``values``; False without the
+    kernels (or for a small array), and then ``out`` is untouched."""
+    if values.size < MIN_ELEMENTS // 16 or not available():
+        return False
+    _state["planes16"](values.view(np.uint16), out)
+    return True

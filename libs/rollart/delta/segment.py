@@ -173,9 +173,14 @@ def build_data(
         buf += _DATA_TAIL_V2.pack(
             numel, part, parts, layout, index_coding, value_coding, 0, entries, start, len(index_stream), len(values)
         )
-    buf += index_stream
-    buf += values
-    return _seal(buf, key)
+    # CRC-32 and HMAC over the three pieces in turn, then one copy into the segment (not header + streams
+    # into a growing buffer, then that buffer into bytes: two copies of the streams and a fresh allocation).
+    crc = _CRC.pack(zlib.crc32(values, zlib.crc32(index_stream, zlib.crc32(buf))))
+    h = hmac.new(key, buf, hashlib.sha256)
+    h.update(index_stream)
+    h.update(values)
+    h.update(crc)
+    return b"".join((buf, index_stream, values, crc, h.digest()))
 
 
 def build_trailer(

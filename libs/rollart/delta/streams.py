@@ -19,9 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
+from . import kernels
 from . import segment as sg
 from .errors import FormatError
 from .leb128 import MAX_LEB_BYTES, decode_indices
+from .scratch import Scratch
 
 ZSTD_LEVEL = 1  # the encoder's choice (not part of the format); fixed so that re-encoding gives identical bytes
 # Level 1's match finder with a 64-entry hash table (2^6, libzstd's minimum; level 1 uses 2^13): the streams are
@@ -51,11 +53,18 @@ def _dctx() -> zstandard.ZstdDecompressor:
     return d
 
 
-def byte_planes(values: np.ndarray) -> np.ndarray:
-    """uint8 array: byte 0 of every value, then byte 1, ... (little-endian values)."""
+def byte_planes(values: np.ndarray, scratch: Scratch | None = None) -> np.ndarray:
+    """uint8 array: byte 0 of every value, then byte 1, ... (little-endian values). With ``scratch``, a view
+    of its buffer (valid until the next call with it)."""
     n, w = values.size, values.dtype.itemsize
     b = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
-    return b if w == 1 else np.ascontiguousarray(b.reshape(n, w).T).reshape(-1)
+    if w == 1:
+        return b
+    out = np.empty(n * w, np.uint8) if scratch is None else scratch.array("planes", n * w, np.uint8)
+    if w == 2 and kernels.byte_planes16(np.ascontiguousarray(values).reshape(-1), out):
+        return out
+    np.copyto(out.reshape(w, n), b.reshape(n, w).T)
+    return out
 
 
 def from_byte_planes(planes: np.ndarray, count: int, itemsize: int) -> np.ndarray:
@@ -69,9 +78,10 @@ def code_index(raw: bytes) -> tuple[int, bytes]:
     return (sg.CODING_ZSTD, z) if len(z) < len(raw) else (sg.CODING_RAW, raw)
 
 
-def code_values(values: np.ndarray) -> tuple[int, bytes | memoryview]:
-    """(coding, stream) for values: Zstandard over byte planes only when strictly smaller than raw."""
-    z = _cctx().compress(byte_planes(values).data)
+def code_values(values: np.ndarray, scratch: Scratch | None = None) -> tuple[int, bytes | memoryview]:
+    """(coding, stream) for values: Zstandard over byte planes only when strictly smaller than raw (then a
+    view of ``values``)."""
+    z = _cctx().compress(byte_planes(values, scratch).data)
     if len(z) < values.nbytes:
         return sg.CODING_ZSTD, z
     return sg.CODING_RAW, np.ascontiguousarray(values).reshape(-1).data.cast("B")

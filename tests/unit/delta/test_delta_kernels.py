@@ -68,7 +68,7 @@ def test_scan_parts_concatenates_members_with_their_offsets() -> None:
     output grows when a later member changes far more than the first ones' samples said."""
     n = kernels.MIN_ELEMENTS * 3 + 7
     (a0, b0), (a1, b1), (a2, b2) = _pair(n, 0.001, 1), _pair(n, 0.02, 2), _pair(n, 0.0, 3)
-    b2[_SAMPLE_END:] ^= 3  # nearly all of member 2, none of it in its sample
+    b2[kernels._SAMPLE :] ^= 3  # nearly all of member 2, none of it in its sample
     members = [(a0, b0, 0), (a1, b1, n), (a2, b2, 2 * n)]
     got = kernels.scan_parts(members)
     assert got is not None
@@ -76,9 +76,6 @@ def test_scan_parts_concatenates_members_with_their_offsets() -> None:
     assert np.array_equal(got[0], np.concatenate([w + off for w, (_, _, off) in zip(want, members, strict=True)]))
     assert np.array_equal(got[1], np.concatenate([b[w] for w, (_, b, _) in zip(want, members, strict=True)]))
     assert kernels.scan_parts([(a0, b0, 0), (a0[:100], b0[:100], n)]) is None  # one member too small
-
-
-_SAMPLE_END = 1 << 16  # kernels._SAMPLE
 
 
 @needs_numba
