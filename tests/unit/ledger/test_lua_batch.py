@@ -182,6 +182,22 @@ class TestAcquireBatch:
         assert stats["cmdstat_evalsha"]["calls"] == 1
 
 
+    async def test_a_new_leases_row_is_its_hash_as_stored(self, store):
+        """acquire builds a new lease's row from what it wrote (no read back): the same as HGETALL, in order."""
+        await store.ready_job(groups=4)
+        out = await store.scripts._run("acquire", ["env/1", 4, "", "", 0])
+        rows = await store.scripts._run("acquire_batch", [2, 5, "env/2", 1, "", "", 0, 5, "env/3", 2, "", "", 0])
+        rows = [out[1:], rows[0][1][1:], rows[1][1][1:]]
+        assert [len(r) for r in rows] == [4, 1, 2]
+        for row in (r for rs in rows for r in rs):
+            flat, prompt, vhash = row
+            lid = dict(zip(flat[::2], flat[1::2]))[b"id"].decode()
+            stored = await store.redis.eval("return redis.call('HGETALL', KEYS[1])", 1, store.k("l:" + lid))
+            assert flat == stored  # the same fields and values, in the same order
+            gid = dict(zip(flat[::2], flat[1::2]))[b"gid"]
+            assert prompt == await store.redis.hget(store.k("g:" + gid.decode()), "prompt") and vhash == h(0)
+
+
 class TestSubmitBatch:
     async def test_each_result_is_settled_as_submit_after_the_ones_before_it_settles_it(self, twin):
         leases: dict[str, list[lp.Lease]] = {}

@@ -373,17 +373,27 @@ local function vhash_of(v)  -- h(v), false when v is not registered
   end
   return vh
 end
-local function lease_row(lid)
-  local L = redis.call('HGETALL', k('l:' .. lid))
-  local m = {}
-  for i = 1, #L, 2 do m[L[i]] = L[i + 1] end
-  local gid, ver = m.gid or '', m.ver or ''
+local function group_prompt(gid)
   local prompt = PROMPTS[gid]
   if prompt == nil then
     prompt = redis.call('HGET', k('g:' .. gid), 'prompt') or ''
     PROMPTS[gid] = prompt
   end
-  return {L, prompt, vhash_of(ver) or ''}
+  return prompt
+end
+local function lease_row(lid)
+  local L = redis.call('HGETALL', k('l:' .. lid))
+  local m = {}
+  for i = 1, #L, 2 do m[L[i]] = L[i + 1] end
+  local gid, ver = m.gid or '', m.ver or ''
+  return {L, group_prompt(gid), vhash_of(ver) or ''}
+end
+-- The row of a lease this script has just created with the one HSET of ``fields``: those fields as Redis
+-- stored them (numbers as Redis writes them, which is Lua's tostring), without reading the hash back.
+local function new_lease_row(fields)
+  local L = {}
+  for i, x in ipairs(fields) do L[i] = type(x) == 'number' and tostring(x) or x end
+  return {L, group_prompt(L[4]), vhash_of(L[8]) or ''}
 end
 
 -- ------------------------------------------------------------------------------------------ lease + settle
@@ -570,8 +580,9 @@ local function acquire_take(V, holder, max, region, chunk)
         local att = tn(G['a' .. idx], 0) + 1  -- G is this run's own read: the slot's attempts so far
         local as = pick_actor()
         local exp = NOW + V.ttl
-        redis.call('HSET', k('l:' .. lid), 'id', lid, 'gid', gid, 'idx', idx, 'ver', V.ver, 'holder', holder,
-          'iss', int(NOW), 'exp', int(exp), 'st', ACTIVE, 'att', att, 'as', as, 'step', V.step, 'seq', lseq)
+        local fields = {'id', lid, 'gid', gid, 'idx', idx, 'ver', V.ver, 'holder', holder,
+          'iss', int(NOW), 'exp', int(exp), 'st', ACTIVE, 'att', att, 'as', as, 'step', V.step, 'seq', lseq}
+        redis.call('HSET', k('l:' .. lid), unpack(fields))
         redis.call('ZADD', k('active'), exp, lid)
         redis.call('SADD', k('h:' .. holder), lid)
         if as ~= '' then redis.call('SADD', k('as:' .. as), lid) end
@@ -583,7 +594,7 @@ local function acquire_take(V, holder, max, region, chunk)
         G['a' .. idx], G['s' .. idx] = tostring(att), 'L:' .. lid
         progress_of[gid] = progress_of[gid] + 1
         V.gone[e[4]], V.ngone = true, V.ngone + 1
-        out[#out + 1] = lease_row(lid)
+        out[#out + 1] = new_lease_row(fields)
       end
     end
   end
