@@ -150,6 +150,17 @@ class TelemetryInterceptor(aio.ServerInterceptor):
     def __init__(self, service: str) -> None:
         self.service = service
         self.tracer = telemetry.tracer("rollart.server")
+        # Metric children by label values (``labels()`` hashes and checks its arguments on every call); bounded by
+        # the served methods (an unknown method has no handler and never gets here) times the status codes.
+        self._in_flight = telemetry.RPC_IN_FLIGHT.labels(service)
+        self._seconds: dict[str, Any] = {}
+        self._totals: dict[tuple[str, str], Any] = {}
+
+    def _total(self, method: str, code: str) -> Any:
+        child = self._totals.get((method, code))
+        if child is None:
+            child = self._totals[(method, code)] = telemetry.RPC_TOTAL.labels(self.service, method, code)
+        return child
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
@@ -157,7 +168,9 @@ class TelemetryInterceptor(aio.ServerInterceptor):
             return handler
         method = details.method
         parent = telemetry.extract_context(details.invocation_metadata)
-        labels = (self.service, method)
+        seconds = self._seconds.get(method)
+        if seconds is None:
+            seconds = self._seconds[method] = telemetry.RPC_SECONDS.labels(self.service, method)
         traced = telemetry.tracing_enabled()
 
         def begin() -> tuple[Any, context.Context, telemetry.Stopwatch]:
@@ -171,14 +184,14 @@ class TelemetryInterceptor(aio.ServerInterceptor):
                 if tid:
                     span.set_attribute("rollart.trajectory_id", tid)
                 span_ctx = trace.set_span_in_context(span, parent)
-            telemetry.RPC_IN_FLIGHT.labels(self.service).inc()
+            self._in_flight.inc()
             return span, span_ctx, telemetry.Stopwatch()
 
         def end(span: Any, watch: telemetry.Stopwatch, exc: BaseException | None, ctx: aio.ServicerContext) -> None:
             code = _code_of(exc, ctx)
-            telemetry.RPC_IN_FLIGHT.labels(self.service).dec()
-            telemetry.RPC_TOTAL.labels(*labels, code).inc()
-            telemetry.RPC_SECONDS.labels(*labels).observe(watch.elapsed())
+            self._in_flight.dec()
+            self._total(method, code).inc()
+            seconds.observe(watch.elapsed())
             if span is None:
                 return
             span.set_attribute("rpc.grpc.status_code", code)
