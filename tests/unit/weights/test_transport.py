@@ -127,11 +127,11 @@ async def test_a_refused_early_push_fails_with_the_listeners_reason(delta: list[
 
 
 async def test_early_data_saves_one_round_trip(delta: list[bytes]) -> None:
-    """With a 300 ms RTT, a push without early data needs the handshake's two round trips before its first
+    """With a 500 ms RTT, a push without early data needs the handshake's two round trips before its first
     segment leaves, one with it (then one for the data and DONE in both)."""
     ep = Endpoint()
     addr = await ep.start()
-    emu = WanEmulator(addr, LinkSpec(rtt=0.3))
+    emu = WanEmulator(addr, LinkSpec(rtt=0.5))
     proxy = await emu.start()
     took = {}
     try:
@@ -141,8 +141,8 @@ async def test_early_data_saves_one_round_trip(delta: list[bytes]) -> None:
                                         early_data=early)
             took[early] = time.monotonic() - t0
             assert stats.resent == 0
-        assert took[False] >= 0.9 and took[True] >= 0.6, took
-        assert took[True] < took[False] - 0.2, took
+        assert took[False] >= 1.5 and took[True] >= 1.0, took
+        assert took[True] < took[False] - 0.25, took  # one RTT (0.5 s) less, with room for a loaded machine
         assert all(s.ordered() == delta for s in ep.sinks.values())
     finally:
         await emu.stop()
