@@ -229,7 +229,8 @@ async def cpu_rounds(args, proxies: dict[str, tuple]) -> dict:
     per token at each of ``--chunk-sizes`` (64-token turns); median of ``--cpu-rounds`` rounds, the proxies
     alternating within a round so that load drift hits all of them."""
     prompt = prompts(1, args.prompt_tokens, 5)[0]
-    shapes = [(1, 150, 1), *((64, 8, c) for c in sorted({1, *args.chunk_sizes}))]
+    short, long_turns = max(round(150 * args.cpu_scale), 10), max(round(8 * args.cpu_scale), 2)
+    shapes = [(1, short, 1), *((64, long_turns, c) for c in sorted({1, *args.chunk_sizes}))]
     per: dict[str, dict[tuple, list[float]]] = {name: {shape: [] for shape in shapes} for name in proxies}
     for _ in range(args.cpu_rounds):
         for tokens, turns, chunk in shapes:
@@ -237,7 +238,7 @@ async def cpu_rounds(args, proxies: dict[str, tuple]) -> dict:
                 per[name][(tokens, turns, chunk)].append(await cpu_per_turn(stub, pid, tokens, turns, prompt, chunk))
     out = {}
     for name, r in per.items():
-        turn, long = float(np.median(r[(1, 150, 1)])), float(np.median(r[(64, 8, 1)]))
+        turn, long = float(np.median(r[(1, short, 1)])), float(np.median(r[(64, long_turns, 1)]))
         out[name] = {
             "cpu_ms_per_turn": turn * 1e3,
             "cpu_us_per_further_chunk": (long - turn) / 63 * 1e6,
@@ -456,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-ref", default="", help="git ref whose proxy runs beside this tree's (latency)")
     parser.add_argument("--latency-only", action="store_true", help="skip the throughput rounds")
     parser.add_argument("--cpu-rounds", type=int, default=0, help="rounds of the proxies' CPU per turn and chunk")
+    parser.add_argument(
+        "--cpu-scale", type=float, default=1.0, help="--cpu-rounds: turns per trajectory x this (150 short, 8 long)"
+    )
     parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[4, 16], help="--cpu-rounds: tokens per chunk")
     parser.add_argument(
         "--floor",
