@@ -109,8 +109,15 @@ def summarise(name: str, out: Path, batch: int) -> dict:
     rewards = [r["reward_mean"] for r in recs]
     first, last, _ = improvement(rewards)
     acc = recs[-1].get("accounting_total", {}) if recs else {}
+    t0 = float(recs[0].get("started_at") or 0.0) if recs else 0.0
+    # (wall seconds at the end of the step, 10-step moving average of the batch reward) for the picture
+    curve = [
+        (float(r.get("finished_at") or 0.0) - t0, statistics.mean(rewards[max(0, i - 9) : i + 1]))
+        for i, r in enumerate(recs)
+    ]
     return {
         "name": name,
+        "curve": curve,
         "state": summary.get("state"),
         "steps": len(recs),
         "step_s": med("step_seconds"),
@@ -236,7 +243,9 @@ def curves(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, target: float = 0.8) -> None:
+    """Left: the 10-step moving average of the batch reward against wall time, one line per row (where it crosses
+    the target is the time to score). Right: the alpha sweep (async rows): step time and time to score."""
     try:
         import matplotlib
 
@@ -244,15 +253,44 @@ def plot(rows: list[dict], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=110)
     for r in rows:
-        if r["name"] in CURVES:
-            ax.plot(range(1, len(r["rewards"]) + 1), r["rewards"], marker=".", label=r["name"])
-    ax.set_xlabel("step")
-    ax.set_ylabel("batch mean reward")
-    ax.set_title("FrozenLake: sync vs async alpha = 1 (deltas), same seeds")
+        pts = r.get("curve") or []
+        if pts:
+            ax.plot([t for t, _ in pts], [m for _, m in pts], marker=".", ms=3, label=r["name"])
+    ax.axhline(target, color="grey", ls="--", lw=0.8)
+    ax.set_xlabel("wall time since the first step's start, s")
+    ax.set_ylabel("batch reward, 10-step moving average")
+    ax.set_title("time to score (same seeds, same warm start)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7)
+    sweep = sorted(
+        ((int(r["name"].split("-")[1]), r) for r in rows if r["name"].startswith("async-")), key=lambda x: x[0]
+    )
+    if sweep:
+        alphas = [a for a, _ in sweep]
+        bx.plot(alphas, [r["step_s"] for _, r in sweep], marker="o", label="step s (median)")
+        tts = [(a, r["time_to_score_s"]) for a, r in sweep if r.get("time_to_score_s") is not None]
+        bx2 = bx.twinx()
+        bx2.plot([a for a, _ in tts], [t for _, t in tts], marker="s", color="tab:red", label="time to score s")
+        bx2.set_ylabel("time to score, s", color="tab:red")
+        for a, r in sweep:
+            bx.annotate(
+                f"wasted {r['wasted']:.3f}",
+                (a, r["step_s"]),
+                fontsize=7,
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+            )
+        bx.set_xlabel("alpha")
+        bx.set_ylabel("step s")
+        bx.set_title("alpha sweep (async)")
+        bx.set_ylim(bottom=0)
+        bx2.set_ylim(bottom=0)
+        bx.grid(alpha=0.3)
+    else:
+        bx.axis("off")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -332,6 +370,11 @@ def main() -> int:
         "--alphas", type=int, nargs="*", help="the async rows for these alphas instead of 1, 2, 4 (the sweep)"
     )
     ap.add_argument("--target", type=float, default=0.8, help="reward target of the time to score (10-step average)")
+    ap.add_argument(
+        "--no-run",
+        action="store_true",
+        help="run nothing: summarise the rows already in the work folder (e.g. after rerunning some with --only)",
+    )
     args = ap.parse_args()
     if args.work is None:
         tag = ("" if args.epochs == 1 else f"-e{args.epochs}") + ("-pin" if args.pin else "")
@@ -351,9 +394,14 @@ def main() -> int:
         )
         out = args.work / name
         t0 = time.monotonic()
-        log = io.StringIO()
-        code = run(RunOptions(job_file=cfg, out_dir=out, quiet=True), log=log)
-        (out / "run.log").write_text(log.getvalue())
+        if args.no_run:
+            if not (out / "metrics.jsonl").is_file():
+                continue
+            code = 0
+        else:
+            log = io.StringIO()
+            code = run(RunOptions(job_file=cfg, out_dir=out, quiet=True), log=log)
+            (out / "run.log").write_text(log.getvalue())
         loads.append(os.getloadavg()[0])
         row = summarise(name, out, batch=int(yaml.safe_load(cfg.read_text())["job"]["batch_size"]))
         rows.append(row)
@@ -367,7 +415,7 @@ def main() -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(json_rows(rows), indent=1) + "\n")
-    plot(rows, args.work / "curves.png")
+    plot(rows, args.work / "curves.png", target=args.target)
     text = table(rows) + "\n\nReward per step (mean of 3-step windows), same seeds:\n\n" + curves(rows)
     print()
     print(text)
