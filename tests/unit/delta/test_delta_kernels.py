@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 import pytest
 
-from rollart.delta import WeightSet, encode_delta, kernels, leb128
+from rollart.delta import WeightSet, encode_delta, kernels, leb128, scratch
 from rollart.delta.codec import _gap_stream, changed_positions
 
 needs_numba = pytest.mark.skipif(not kernels.available(), reason="numba not installed: the numpy path is used")
@@ -137,3 +137,46 @@ def test_disabled_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not kernels.available()
     a, b = _pair(kernels.MIN_ELEMENTS, 0.01)
     assert kernels.scan_changed(a, b) is None and kernels.gap_segments(np.arange(10_000), 2, 4096) is None
+
+
+@needs_numba
+def test_byte_planes_kernel_matches_numpy() -> None:
+    rng = np.random.default_rng(5)
+    v = rng.integers(0, 1 << 16, kernels.MIN_ELEMENTS + 3, dtype=np.uint16)
+    out = np.empty(2 * v.size, np.uint8)
+    assert kernels.byte_planes16(v, out)
+    assert np.array_equal(out, np.ascontiguousarray(v.view(np.uint8).reshape(-1, 2).T).reshape(-1))
+
+
+def test_interleaved_encoders_keep_their_own_work_buffers() -> None:
+    """Two encoders consumed segment by segment in turn (one thread, e.g. two jobs in one event loop) each
+    write what they write alone: the reused work buffers are per encoder, never shared while in use."""
+    one, two = _model(0.03), _model(0.2)
+    two[1].arrays["model.layers.0.self_attn.q_proj.weight"][:] ^= 7  # a different delta from the first
+    alone = [list(encode_delta(b, t, job="j", version=1, key=KEY, max_segment_bytes=64 * 1024)) for b, t in (one, two)]
+    gens = [encode_delta(b, t, job="j", version=1, key=KEY, max_segment_bytes=64 * 1024) for b, t in (one, two)]
+    got: list[list[bytes]] = [[], []]
+    live = [0, 1]
+    while live:
+        for i in list(live):
+            seg = next(gens[i], None)
+            if seg is None:
+                live.remove(i)
+            else:
+                got[i].append(seg)
+    assert got == alone
+
+
+def test_scratch_reuses_and_caps(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = scratch.Scratch()
+    a = s.array("x", 1000, np.int64)
+    b = s.array("x", 500, np.int64)
+    assert np.shares_memory(a, b)  # reused, not reallocated
+    assert s.array("x", 2000, np.uint16).base is not None
+    monkeypatch.setattr(scratch, "MAX_KEPT_BYTES", 4096)
+    big = s.array("y", 10_000, np.uint8)
+    assert big.size == 10_000 and "y" not in s._bufs  # too big to keep: handed out fresh
+    first = scratch.acquire()
+    assert scratch.acquire() is not first  # in use: never handed out twice
+    scratch.release(first)
+    assert scratch.acquire() is first
