@@ -61,6 +61,10 @@ def test_the_example_parses():
     check_affinity_pools(tasks, pools)
     assert pools == {"prefill", "decode"}
     assert {p.kind for p in cluster_actor_pools(data["cluster"])} == {"gpu-compute", "gpu-bandwidth"}
+    # arith gets twice frozenlake's groups without taking any from it (why: the example's header)
+    groups = data["job"]["batch_size"] // data["job"]["group_size"]
+    total = sum(t.share for t in tasks)
+    assert {t.name: groups * t.share / total for t in tasks} == {"frozenlake": 2, "arith": 4}
 
 
 def bad(path: str, value) -> dict:
