@@ -350,8 +350,7 @@ class DeltaWriter:
         parts = []
         for p, (lo, hi) in enumerate(slices):
             s, e = bounds[p], bounds[p + 1]
-            first = leb128.encode(idx[s : s + 1].astype(np.uint64))
-            index_stream = first + stream[lo:hi].tobytes()
+            index_stream = leb128.encode_int(int(idx[s])) + stream[lo:hi].tobytes()
             seg_vals = vals[s:e]
             if v2:
                 ic, index_stream = streams.code_index(index_stream)

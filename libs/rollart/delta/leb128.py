@@ -35,6 +35,19 @@ def encoded_lengths(values: np.ndarray) -> np.ndarray:
     return n
 
 
+def encode_int(value: int) -> bytes:
+    """LEB128 of one unsigned integer below 2^64 (what :func:`encode` gives for a one-element array, without
+    numpy's per-call cost: the encoder writes one per segment, the segment's first position)."""
+    if not 0 <= value < 1 << 64:
+        raise ValueError(f"LEB128 value out of range: {value}")
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def encode(values: np.ndarray, lengths: np.ndarray | None = None) -> bytes:
     """LEB128-encode each value of a uint64 array, concatenated (``lengths``: encoded_lengths, if known)."""
     v = np.asarray(values, dtype=_U64).reshape(-1)

@@ -38,7 +38,7 @@ EDGES = {
 @pytest.mark.parametrize("value,hexstr", EDGES.items())
 def test_edge_values(value: int, hexstr: str) -> None:
     enc = leb128.encode(np.array([value], dtype=np.uint64))
-    assert enc.hex() == hexstr == reference_leb128(value).hex()
+    assert enc.hex() == hexstr == reference_leb128(value).hex() == leb128.encode_int(value).hex()
     assert int(leb128.decode(enc, 1)[0]) == value
     assert int(leb128.encoded_lengths(np.array([value], dtype=np.uint64))[0]) == len(enc)
 
@@ -62,6 +62,7 @@ u64s = hnp.arrays(
 def test_round_trip_matches_reference(values: np.ndarray) -> None:
     enc = leb128.encode(values)
     assert enc == b"".join(reference_leb128(int(v)) for v in values)
+    assert enc == b"".join(leb128.encode_int(int(v)) for v in values)
     assert np.array_equal(leb128.decode(enc, values.size), values)
 
 
@@ -111,3 +112,9 @@ def test_decode_indices_rejects_unsorted_and_out_of_range() -> None:
     # the uint64 running sum would wrap: 2^63 + 2^63 reads as 0
     with pytest.raises(FormatError, match="out of range"):
         leb128.decode_indices(leb128.encode(np.array([2**63 - 1, 2**63 - 1, 3], np.uint64)), 3, 2**63)
+
+
+@pytest.mark.parametrize("value", [-1, 2**64])
+def test_encode_int_refuses_out_of_range(value: int) -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        leb128.encode_int(value)
