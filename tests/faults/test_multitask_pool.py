@@ -26,7 +26,8 @@ import yaml
 from tests.e2e.jobs import cluster_state, finish, job_file, leftover_processes, records, start, tail, wait_for_step
 
 pytest.importorskip("vllm")
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# Generous bounds: two vLLM-CPU engines start one after the other, ~5 min each at load ~17 (~1.5 min for both at load ~9).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 STEPS, BATCH, G = 5, 8, 4  # one group of each task per step
 ARITH_CONFIG = json.dumps(
@@ -79,7 +80,7 @@ def pool_a_killed_run(tmp_path_factory):
     out = tmp / "out"
     proc = start(pool_job(tmp, arith_fallback=True), out)
     try:
-        wait_for_step(proc, out, 2, timeout=600)
+        wait_for_step(proc, out, 2, timeout=900)
         kill_pool_a(out)
         code, summary = finish(proc, out, timeout=600)
     finally:
@@ -106,10 +107,17 @@ def test_a_dead_pool_sends_its_task_to_the_fallback_and_the_run_completes(pool_a
     arith = proxy["profiles"]["arith"]
     assert int(arith.get("fallback_turns", 0)) > 0 and arith["last_fallback"] == "no usable actor in scope", arith
     assert int(proxy["profiles"]["frozenlake"].get("fallback_turns", 0)) == 0  # pool B was never left
+    # Nothing admitted twice: every settled lease is its own trajectory, and a slot is settled again only after
+    # its earlier sample was evicted as stale (arith's samples can wait for pool B past the window: re-issued).
     ledger = summary["final"]["ledger"]
-    assert ledger["duplicates"] == 0
-    assert ledger["settled_slots"] == ledger["settled_distinct_slots"] == ledger["settled_distinct_trajectories"]
-    assert ledger["admitted"] >= STEPS * BATCH
+    assert ledger["duplicates"] == 0 and ledger["settled_slots"] == ledger["settled_distinct_trajectories"]
+    evicted = int(ledger["accounting"].get("evicted", {}).get("samples", 0))
+    assert ledger["settled_slots"] - ledger["settled_distinct_slots"] <= evicted, ledger
+    assert all(r["samples"] == BATCH for r in recs)
+    assert int(ledger["accounting"]["trained"]["samples"]) == STEPS * BATCH  # each sample trained once
+    counts, listed = ledger["lease_counts"], ledger["leases_listed"]  # the ledger's counters equal its leases
+    for state in ("active", "settled", "rejected", "expired", "cancelled", "released"):
+        assert int(counts.get(state, 0)) == listed.get(state, 0), (state, counts, listed)
     assert summary["final"]["actors"], summary["final"]
 
 
@@ -126,7 +134,7 @@ def test_without_fallback_a_dead_pool_stops_the_run_with_one_line(tmp_path):
     out = tmp_path / "out"
     proc = start(pool_job(tmp_path, arith_fallback=False, steps=30), out)
     try:
-        wait_for_loops(proc, out, timeout=600)  # arith's first turns are on their way to pool A
+        wait_for_loops(proc, out, timeout=900)  # arith's first turns are on their way to pool A
         kill_pool_a(out)
         killed = time.monotonic()
         code, summary = finish(proc, out, timeout=240)
