@@ -7,7 +7,8 @@ not restart it: the window is real, not a 3 s blip).
 
 * With ``allow_fallback`` arith's turns move to pool B: the run completes every step, each batch still holds
   one group of each task, the LLMProxy counts arith's turns outside its pool (GetAffinity's profile, in
-  summary.json), and the ledger settled no slot or trajectory twice.
+  summary.json), and the ledger settled no trajectory twice (a slot again only after its stale sample was
+  evicted) and trained each step's B samples once.
 * Without it (pool A killed as soon as the loops run) the proxy refuses arith's turns (UNAVAILABLE) and
   ``rollart run`` stops at once with one line naming the task, the pool and the missing fallback (exit 1),
   instead of waiting out the batch timeout with a batch that can never fill.
