@@ -53,8 +53,11 @@ def test_restarts_are_events_with_their_causes(chaotic):
 
 def test_accounting_is_intact(chaotic):
     ledger = chaotic["summary"]["final"]["ledger"]
-    # No slot and no trajectory settled twice.
-    assert ledger["settled_slots"] == ledger["settled_distinct_slots"] == ledger["settled_distinct_trajectories"]
+    # No trajectory settled twice, and a slot settled again only after its earlier sample was evicted as stale
+    # (a loaded run can evict: the slot is re-issued by design).
+    assert ledger["settled_slots"] == ledger["settled_distinct_trajectories"]
+    evicted = int(ledger.get("accounting", {}).get("evicted", {}).get("samples", 0))
+    assert ledger["settled_slots"] - ledger["settled_distinct_slots"] <= evicted, ledger
     assert ledger["settled_slots"] >= STEPS * BATCH
     # The ledger's counters equal its leases, state by state.
     counts, listed = ledger["lease_counts"], ledger["leases_listed"]
