@@ -242,7 +242,7 @@ async def cpu_rounds(args, proxies: dict[str, tuple]) -> dict:
         out[name] = {
             "cpu_ms_per_turn": turn * 1e3,
             "cpu_us_per_further_chunk": (long - turn) / 63 * 1e6,
-            "cpu_us_per_token": {c: float(np.median(r[(64, 8, c)])) / 64 * 1e6 for _, _, c in shapes[1:]},
+            "cpu_us_per_token": {c: float(np.median(r[(64, long_turns, c)])) / 64 * 1e6 for _, _, c in shapes[1:]},
         }
     return out
 
