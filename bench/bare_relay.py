@@ -30,17 +30,9 @@ from grpc import aio
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "libs"))
 
+from rollart.delta.leb128 import encode_int as _varint  # noqa: E402  (a protobuf length is unsigned LEB128)
 from rollart.v1 import actor_pb2  # noqa: E402
 from rollart.v1 import llmproxy_pb2 as lp  # noqa: E402
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _actor_request(data: bytes) -> bytes:
