@@ -39,6 +39,28 @@ def job_token() -> str:
 
 
 @pytest.fixture
+def no_tracer_provider() -> Iterator[None]:
+    """This process without a tracer provider, as a service without an exporter runs. An earlier test's in-process
+    server with an exporter leaves OpenTelemetry's global provider behind (it can be set once per process), and
+    the suite runs tests/integration before tests/unit in one process."""
+    from opentelemetry import trace
+    from opentelemetry.util._once import Once
+
+    from rollart.runtime import telemetry
+
+    def reset() -> None:
+        if telemetry._provider is not None:
+            telemetry.shutdown_tracing()
+            telemetry._provider = None
+        trace._TRACER_PROVIDER = None
+        trace._TRACER_PROVIDER_SET_ONCE = Once()
+
+    reset()
+    yield
+    reset()
+
+
+@pytest.fixture
 def auth_md() -> list[tuple[str, str]]:
     return [bearer(TOKEN)]
 

@@ -52,6 +52,7 @@ def test_varint_matches_protobuf():
         assert msg.SerializeToString().endswith(_varint(v))
 
 
+@pytest.mark.usefixtures("no_tracer_provider")
 async def test_grpc_responses_equal_the_proxy_messages_and_the_actor_sees_token_and_baggage(served):  # noqa: F811
     stub, info, (a0, a1) = served
     ch = aio.insecure_channel(info["address"])

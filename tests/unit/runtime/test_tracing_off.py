@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rollart.runtime import telemetry
 from rollart.runtime.config import TracingConfig
+
+pytestmark = pytest.mark.usefixtures("no_tracer_provider")
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
