@@ -36,15 +36,24 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "libs"))
 sys.path.insert(0, str(ROOT / "services" / "actor"))
 sys.path.insert(0, str(ROOT))
 
-TOKEN = "bench-actor-token"
-MAX_MODEL_LEN = 2048
+from bench.actor_pause import (  # noqa: E402
+    MAX_MODEL_LEN,
+    TOKEN,
+    PauseProbe,
+    aiter_of,
+    children,
+    commit_delta,
+    is_engine,
+    load_checkpoint,
+    prompts,
+    start_actor,
+)
+from bench.actor_pause import generate_request as _req  # noqa: E402
 
 
 def _cpu_model() -> str:
@@ -55,30 +64,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def prompts(n: int, length: int = 32, vocab: int = 1000, seed: int = 0) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(10, vocab, length).tolist() for _ in range(n)]
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(d.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
-def _is_engine(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::EngineCore")
-    except OSError:
-        return False
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -122,18 +107,6 @@ async def inprocess_round(llm, ps: list[list[int]], tokens: int) -> float:
 # ---------------------------------------------------------------------------------------------------- actor
 
 
-def _req(rid: str, p: list[int], tokens: int, seed: int):
-    from rollart.v1 import actor_pb2, common_pb2
-
-    return actor_pb2.ActorGenerateRequest(
-        request_id=rid,
-        input=common_pb2.ModelInput(token_ids=p),
-        sampling=common_pb2.SamplingParams(
-            temperature=1.0, max_tokens=tokens, ignore_eos=True, seed=seed, logprobs=True
-        ),
-    )
-
-
 async def grpc_round(stub, md, ps: list[list[int]], tokens: int) -> float:
     async def one(i: int, p: list[int]) -> int:
         n = 0
@@ -151,78 +124,34 @@ async def grpc_round(stub, md, ps: list[list[int]], tokens: int) -> float:
 async def pause_windows(stub, md, model: Path, streams: int, updates: int, work: Path) -> dict[str, list]:
     """Commit `updates` deltas (and then full reloads) while `streams` requests generate; returns per-update rows."""
     from rollart.delta import load_safetensors, save_safetensors
-    from rollart.v1 import actor_pb2, common_pb2
     from tests.unit.actor.actor_testlib import delta_segments, layer_projections, perturb
 
-    arrivals: list[float] = []
-    stop = asyncio.Event()
-
-    async def stream(i: int) -> None:
-        while not stop.is_set():
-            call = stub.Generate(
-                _req(f"pw-{time.monotonic_ns()}-{i}", prompts(1, 48, seed=100 + i)[0], 1500, i + 1),
-                metadata=md,
-                timeout=600,
-            )
-            async for c in call:
-                if c.token_ids:
-                    arrivals.append(time.perf_counter())
-                if stop.is_set():
-                    call.cancel()
-                    break
-
-    tasks = [asyncio.create_task(stream(i)) for i in range(streams)]
-    while len(arrivals) < streams * 20:
-        await asyncio.sleep(0.05)
+    probe = PauseProbe(stub, md, streams)
+    await probe.start()
     cur = load_safetensors(model / "model.safetensors")
     version = 0
     rows: dict[str, list] = {"delta": [], "full": []}
     names = layer_projections(cur, 1) + layer_projections(cur, 2)
-    for kind in ("delta", "full"):
-        for _ in range(updates):
-            nxt = perturb(cur, names, seed=1000 + version)
-            version += 1
-            if kind == "delta":
-                msgs, h = delta_segments(cur, nxt, version=version, base_version=version - 1)
-                await stub.StageDelta(_aiter(msgs), metadata=md, timeout=120)
-            else:
-                d = work / f"full-v{version}"
-                shutil.copytree(model, d, dirs_exist_ok=True)
-                save_safetensors(d / "model.safetensors", nxt)
-            await asyncio.sleep(0.5)  # steady generation before the update
-            t0 = time.perf_counter()
-            if kind == "delta":
-                order = common_pb2.CommitOrder(order_id=f"bench-{version}", version=version, hash=h)
-                res = (await stub.Commit(actor_pb2.ActorCommitRequest(order=order), metadata=md, timeout=120)).result
-            else:
-                res = await stub.LoadCheckpoint(
-                    actor_pb2.LoadCheckpointRequest(uri=str(d), version=version), metadata=md, timeout=120
-                )
-            t1 = time.perf_counter()
-            await asyncio.sleep(1.0)  # the re-prefill and the first tokens after it
-            window = sorted(t for t in arrivals if t0 - 0.5 <= t <= t1 + 1.0)
-            gap = max((b - a for a, b in zip(window, window[1:])), default=float("nan"))
-            rows[kind].append(
-                {
-                    "server_ms": res.pause_window.ToNanoseconds() / 1e6,
-                    "load_ms": res.load_time.ToNanoseconds() / 1e6,
-                    "gap_ms": gap * 1e3,
-                    "rpc_ms": (t1 - t0) * 1e3,
-                    "tensors": res.tensors_updated,
-                    "recomputed": res.requests_recomputed,
-                }
-            )
-            cur = nxt
-    stop.set()
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    try:
+        for kind in ("delta", "full"):
+            for _ in range(updates):
+                nxt = perturb(cur, names, seed=1000 + version)
+                version += 1
+                if kind == "delta":
+                    msgs, h = delta_segments(cur, nxt, version=version, base_version=version - 1)
+                    nxt.applied_hash = h  # h(v): the next delta names it as its base (format v2)
+                    await stub.StageDelta(aiter_of(msgs), metadata=md, timeout=120)
+                    update = commit_delta(stub, md, version, h, f"bench-{version}")
+                else:
+                    d = work / f"full-v{version}"
+                    shutil.copytree(model, d, dirs_exist_ok=True)
+                    save_safetensors(d / "model.safetensors", nxt)
+                    update = load_checkpoint(stub, md, d, version)
+                rows[kind].append(await probe.measure(update))
+                cur = nxt
+    finally:
+        await probe.stop()
     return rows
-
-
-async def _aiter(items):
-    for x in items:
-        yield x
 
 
 # ----------------------------------------------------------------------------------------------------- main
@@ -231,31 +160,14 @@ async def _aiter(items):
 async def run(args: argparse.Namespace, work: Path) -> dict:
     import grpc
 
-    from rollart.local.processes import ManagedProcess
     from rollart.runtime.auth import bearer
     from rollart.v1 import actor_pb2_grpc
     from rollart_devtools.engine_probe import vllm_env
     from rollart_devtools.tiny_model import build_tiny_model
-    from tests.unit.actor.actor_testlib import JOB, KEY
 
     model = work / "tiny"
     build_tiny_model(model, seed=0, pretrain_steps=0)
     cache = Path(args.vllm_cache) if args.vllm_cache else work / "vllm-cache"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLART_")}
-    env.update(
-        ROLLART_MODEL=str(model),
-        ROLLART_JOB_TOKEN=TOKEN,
-        ROLLART_JOB_ID=JOB,
-        ROLLART_JOB_KEY=KEY.decode(),
-        ROLLART_LISTEN="127.0.0.1:0",
-        ROLLART_METRICS_LISTEN="",
-        ROLLART_READY_FILE=str(work / "actor.ready"),
-        ROLLART_VLLM_CACHE_DIR=str(cache),
-        ROLLART_MAX_MODEL_LEN=str(MAX_MODEL_LEN),
-        ROLLART_LOG_FORMAT="text",
-        ROLLART_MAX_NUM_SEQS="64",
-        PYTHONPATH=str(ROOT),
-    )
     md = [bearer(TOKEN)]
     ps = prompts(args.seqs)
     rates: dict[str, list[float]] = {"in-process": [], "grpc": []}
@@ -297,7 +209,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
     inproc_start = time.perf_counter() - t
     try:
         await inprocess_round(llm, ps[:4], 8)  # warm-up
-        engine = [c for c in children(me) if _is_engine(c)]
+        engine = [c for c in children(me) if is_engine(c)]
         await measure("in-process", functools.partial(inprocess_round, llm, ps, args.tokens), [me], engine)
     finally:
         llm.shutdown()
@@ -305,23 +217,14 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
         gc.collect()  # AsyncLLM.__del__ would shut it down again at exit
     await asyncio.sleep(2.0)
 
-    actor = ManagedProcess(
-        "actor",
-        [str(Path(sys.executable).parent / "rollart-actor")],
-        log_path=work / "actor.log",
-        env=env,
-        ready_file=work / "actor.ready",
-    ).start()
+    actor, info, actor_start = start_actor(model, work, cache, timeout=600)
     try:
-        t = time.perf_counter()
-        info = actor.wait_ready(600)
-        actor_start = time.perf_counter() - t
         async with grpc.aio.insecure_channel(
             info["address"], options=[("grpc.max_receive_message_length", 1 << 26)]
         ) as ch:
             stub = actor_pb2_grpc.ActorStub(ch)
             await grpc_round(stub, md, ps[:4], 8)  # warm-up
-            engine = [c for c in children(info["pid"]) if _is_engine(c)]
+            engine = [c for c in children(info["pid"]) if is_engine(c)]
             await measure("grpc", functools.partial(grpc_round, stub, md, ps, args.tokens), [me, info["pid"]], engine)
             windows = await pause_windows(stub, md, model, args.streams, args.updates, work)
     finally:
