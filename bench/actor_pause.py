@@ -7,7 +7,8 @@ Shared by ``bench_actor.py`` (tiny model, deltas of a few layers) and ``bench_we
 - ``load_ms``: ``WeightUpdateResult.load_time`` (the engine reloading the touched tensors), inside it;
 - ``gap_ms``: what the streams saw, the longest time with no token arriving on any stream around the
   update; it also covers the re-prefill of every in-flight request under the new weights;
-- ``rpc_ms``: the Commit / LoadCheckpoint call as the client timed it.
+- ``rpc_ms``: the Commit / LoadCheckpoint call as the client timed it: the pause plus the actor's host
+  work before it (applying a delta to its host copy and writing the touched tensors for the engine).
 """
 
 from __future__ import annotations
@@ -187,6 +188,8 @@ class PauseProbe:
             "rpc_ms": (t1 - t0) * 1e3,
             "tensors": res.tensors_updated,
             "recomputed": res.requests_recomputed,
+            "recomputed_tokens": res.recomputed_tokens,  # re-prefilled under the new weights
+            "bytes_loaded": res.bytes_loaded,  # what the actor wrote for the engine (0: loaded from the file)
         }
 
     async def stop(self) -> None:

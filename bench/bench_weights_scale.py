@@ -408,7 +408,7 @@ def pause_table(rows: list[dict]) -> str:
     """Markdown: one line per size and update kind (medians), engine start and peak memory beside."""
     lines = [
         "| size | served GB | engine start s | update | MB sent | tensors | server pause ms | load ms | "
-        "client gap ms | RPC ms | recomputed | peak RSS GiB |",
+        "client gap ms | RPC ms | requests (tokens) re-prefilled | peak RSS GiB |",
         "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -416,14 +416,15 @@ def pause_table(rows: list[dict]) -> str:
         if not p:
             continue
         if "skipped" in p:
-            lines.append(f"| {r['size']} | {p['served_bytes'] / 1e9:.3f} | | skipped: {p['skipped']} |||||||||")
+            lines.append(f"| {r['size']} | {p['served_bytes'] / 1e9:.3f} | | skipped: {p['skipped']} | | | | | | | | |")
             continue
         for kind, label in (("delta", "delta, every tensor (Commit)"), ("full", "full checkpoint (LoadCheckpoint)")):
             m = p[kind]
             lines.append(
                 f"| {r['size']} | {p['served_bytes'] / 1e9:.3f} | {p['engine_start_s']:.0f} | {label} | "
                 f"{m['bytes'] / 1e6:.1f} | {m['tensors']:.0f} | {m['server_ms']:.0f} | {m['load_ms']:.0f} | "
-                f"{m['gap_ms']:.0f} | {m['rpc_ms']:.0f} | {m['recomputed']:.0f} | {p.get('peak_rss_gib', 0):.1f} |"
+                f"{m['gap_ms']:.0f} | {m['rpc_ms']:.0f} | {m['recomputed']:.0f} ({m.get('recomputed_tokens', 0):.0f}) | "
+                f"{p.get('peak_rss_gib', 0):.1f} |"
             )
     return "\n".join(lines)
 

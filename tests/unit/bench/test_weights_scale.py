@@ -11,6 +11,7 @@ import pytest
 from bench.bench_weights_scale import (
     SHAPES,
     delta_every_tensor,
+    pause_table,
     perturbed_entries,
     served_tensors,
     untied_config,
@@ -143,3 +144,17 @@ def test_full_checkpoint_changes_every_tensor(tmp_path: Path, tokenizer_dir: Pat
     for name, a in base.arrays.items():
         assert full.arrays[name].shape == a.shape
         assert 0 < np.count_nonzero(full.arrays[name] != a) / a.size <= 0.011 + 1 / a.size, name
+
+
+def test_pause_table_has_a_line_per_size_and_kind_and_says_what_was_skipped() -> None:
+    m = {"bytes": 2e6, "tensors": 47, "server_ms": 400, "load_ms": 250, "gap_ms": 1100, "rpc_ms": 700, "recomputed": 4}
+    rows = [
+        {"size": "tiny", "pause": {"served_bytes": 1e7, "engine_start_s": 40, "delta": m, "full": m}},
+        {"size": "1.7b", "pause": {"served_bytes": 4e9, "skipped": "MemAvailable 9.0 GiB < 15.2 GiB needed"}},
+        {"size": "0.6b"},  # codec only
+    ]
+    lines = pause_table(rows).splitlines()
+    assert len(lines) == 2 + 2 + 1
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+    assert "delta, every tensor" in lines[2] and "full checkpoint" in lines[3] and "| 4 (0) |" in lines[2]
+    assert "skipped: MemAvailable 9.0 GiB" in lines[4]
