@@ -466,7 +466,7 @@ def plot(result: dict, path: Path) -> None:
             for key, ls in (("server_ms", "-"), ("load_ms", ":"), ("gap_ms", "--")):
                 ax[0, c].plot(gb, [r["pause"][kind][key] / 1e3 for r in paused], mark + ls, label=f"{kind} {key[:-3]}")
         ax[0, c].set(xlabel="served model GB (bf16)", ylabel="seconds (median)", title="actor update pause in vLLM",
-                     xscale="log")
+                     xscale="log", yscale="log")
         ax[1, c].plot(gb, [r["pause"]["engine_start_s"] for r in paused], "o-", label="actor start to serving")
         ax[1, c].set(xlabel="served model GB (bf16)", ylabel="seconds", title="engine start", xscale="log")
         for r, x in zip(paused, gb):
