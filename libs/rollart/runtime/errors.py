@@ -1,20 +1,19 @@
-"""One mapping from errors to gRPC statuses, for every RollArt servicer.
+"""One way to fail a RollArt call: one coded error type, one mapping to a gRPC status.
 
-Servicers (and the validation layer below them) *raise*; they never call ``context.abort`` themselves. The
-server's handler wrapper (``rollart.runtime.handlers.wrap``) catches what a handler raises and ends the call
-with :func:`status_of` of it:
+Servicers (and the validators and cores below them) *raise*; they never call ``context.abort`` themselves. The
+server's handler wrapper (``rollart.runtime.handlers.wrap``) ends the call with :func:`status_of` of what a
+handler raised:
 
-* a :class:`ServiceError` subclass (:class:`InvalidArgument`, :class:`NotFound`, ...) -> its code and message;
+* a :class:`ServiceError` -> its code, message and trailing metadata. Fixed-code subclasses
+  (:class:`InvalidArgument`, :class:`NotFound`, ...) serve the servicers; :class:`Coded` (a code chosen at run
+  time, as a ``grpc.StatusCode`` or its name) is the base of every domain error (the ledger's ``LedgerError``,
+  the actor's ``WeightError``, the weights hub's ``HubError``, ...), so no other module maps errors to statuses;
 * a known library error: redis ``ConnectionError``/``TimeoutError`` -> UNAVAILABLE, pydantic
   ``ValidationError`` -> INVALID_ARGUMENT (field taken from the first error's location);
 * anything else propagates unchanged (grpc reports UNKNOWN and logs it: that is a bug to fix, not a status).
 
-Invariants:
-
-* The details string is at most :data:`MAX_DETAILS_BYTES` UTF-8 bytes and every trailing-metadata value at most
-  :data:`MAX_METADATA_VALUE_BYTES`, so an error never exceeds a client's metadata limit (8 KiB by default).
-* Values echoed from the caller should go through :func:`shorten` (at most ~100 characters, then
-  ``…(N bytes)``), so one huge id cannot crowd out the rest of the message.
+Invariants: details are at most :data:`MAX_DETAILS_BYTES` UTF-8 bytes and every trailing-metadata value at most
+:data:`MAX_METADATA_VALUE_BYTES`; a caller's value is echoed through :func:`shorten`. See docs/architecture.md.
 
 Example::
 
@@ -72,21 +71,53 @@ def truncate_bytes(text: str, limit: int) -> str:
     return cut + marker.decode()
 
 
+Code = grpc.StatusCode | str
+
+
+def status_code(code: Code) -> grpc.StatusCode:
+    """The ``grpc.StatusCode`` of ``code`` (a ``StatusCode`` or its name); UNKNOWN for an unknown name."""
+    if isinstance(code, grpc.StatusCode):
+        return code
+    return grpc.StatusCode.__members__.get(code, grpc.StatusCode.UNKNOWN)
+
+
 class ServiceError(Exception):
     """Ends the RPC with :attr:`code` and :attr:`message` (and optional trailing metadata).
 
-    Subclasses fix the code; :func:`error_for` builds one from a code chosen at run time.
+    Subclasses fix the code; :class:`Coded` and :func:`error_for` take one chosen at run time. ``code`` is kept
+    as given (a ``grpc.StatusCode`` or its name); :attr:`status` is always the ``grpc.StatusCode``.
     """
 
-    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    code: Code = grpc.StatusCode.UNKNOWN
 
     def __init__(self, message: str, *, trailing: Trailing = ()) -> None:
         super().__init__(message)
         self.message = message
         self.trailing: list[tuple[str, str]] = list(trailing)
 
+    @property
+    def status(self) -> grpc.StatusCode:
+        return status_code(self.code)
+
+    @property
+    def code_name(self) -> str:
+        """The status' name (``"NOT_FOUND"``)."""
+        return self.status.name
+
     def details(self) -> str:
         return self.message
+
+
+class Coded(ServiceError):
+    """A :class:`ServiceError` whose code is chosen where it is raised: the base of every domain error.
+
+    ``code`` is a ``grpc.StatusCode`` or its name (``"FAILED_PRECONDITION"``) and is kept as given, so a domain
+    error compares its code the way it always did; the mapper reads :attr:`status`.
+    """
+
+    def __init__(self, code: Code, message: str, *, trailing: Trailing = ()) -> None:
+        super().__init__(message, trailing=trailing)
+        self.code = code
 
 
 class InvalidArgument(ServiceError):
@@ -165,7 +196,7 @@ class Unimplemented(ServiceError):
 
 
 _BY_CODE: dict[grpc.StatusCode, type[ServiceError]] = {
-    cls.code: cls
+    status_code(cls.code): cls
     for cls in (
         NotFound,
         AlreadyExists,
@@ -183,22 +214,18 @@ _BY_CODE: dict[grpc.StatusCode, type[ServiceError]] = {
 }
 
 
-def error_for(code: grpc.StatusCode | str, message: str, *, trailing: Trailing = ()) -> ServiceError:
+def error_for(code: Code, message: str, *, trailing: Trailing = ()) -> ServiceError:
     """The :class:`ServiceError` for ``code`` (a ``grpc.StatusCode`` or its name, e.g. ``"NOT_FOUND"``).
 
-    For codes decided at run time (e.g. a domain error that carries its own code name). An unknown name
-    gives UNKNOWN.
+    For codes decided at run time; the fixed-code subclass where there is one (an unknown name gives UNKNOWN).
     """
-    if isinstance(code, str):
-        code = grpc.StatusCode.__members__.get(code, grpc.StatusCode.UNKNOWN)
+    code = status_code(code)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidArgument("", message, trailing=trailing)
     cls = _BY_CODE.get(code)
     if cls is not None:
         return cls(message, trailing=trailing)
-    err = ServiceError(message, trailing=trailing)
-    err.code = code
-    return err
+    return Coded(code, message, trailing=trailing)
 
 
 def _library_error(exc: BaseException) -> ServiceError | None:
@@ -237,7 +264,7 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str, tuple[tuple[str
         return None
     details = truncate_bytes(err.details(), MAX_DETAILS_BYTES)
     trailing = tuple((k, truncate_bytes(str(v), MAX_METADATA_VALUE_BYTES)) for k, v in err.trailing)
-    return err.code, details, trailing
+    return err.status, details, trailing
 
 
 def is_mapped(exc: BaseException) -> bool:

@@ -15,11 +15,15 @@ Two kinds, because they end up in different places:
 
 Every name is also an id. Validation raises ``errors.InvalidArgument`` naming the field (the value is echoed
 shortened), so a servicer just calls ``ids.check_id("worker.worker_id", w.worker_id)``.
+
+Every id RollArt mints itself comes from :func:`new_id` (``traj-3f9c...``): a prefix naming the kind, then
+random hex, always a valid ``ID``.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 
 from . import errors
 
@@ -82,4 +86,22 @@ def check_name(field: str, value: str, *, required: bool = True) -> str:
     why = name_problem(value)
     if why:
         raise errors.InvalidArgument(field, why)
+    return value
+
+
+#: Random bytes of a minted id (hex-encoded: twice as many characters); 96 bits never collide in practice.
+NEW_ID_BYTES = 12
+
+
+def new_id(prefix: str, *, nbytes: int = NEW_ID_BYTES) -> str:
+    """A fresh id ``<prefix>-<2*nbytes hex digits>`` (``new_id("traj")`` -> ``"traj-5c0f..."``).
+
+    ``prefix`` names what the id identifies and may itself be an id (``"job7-v3"``); the result is always a
+    valid id, so a minted id passes every check a caller-chosen one does.
+    """
+    if nbytes < 4:
+        raise ValueError(f"new_id needs at least 4 random bytes, got {nbytes}")
+    value = f"{prefix}-{secrets.token_hex(nbytes)}" if prefix else secrets.token_hex(nbytes)
+    if not is_id(value):
+        raise ValueError(f"prefix {prefix!r} does not make an id ({ID_RULE})")
     return value

@@ -4,7 +4,9 @@ Two parts:
 
 * **Field checks** a servicer calls for its own rules: :func:`integer`, :func:`number` (refuses NaN and infinity),
   :func:`duration`, :func:`text`, :func:`ident` / :func:`name` (the id rules of ``rollart.runtime.ids``),
-  :func:`items`, :func:`mapping`, :func:`enum`. Each returns the checked value and raises
+  :func:`items`, :func:`mapping`, :func:`enum`, and for strings that reach the file system, a URL parser or
+  a model loader :func:`path`, :func:`uri` and :func:`model` (length in characters and bytes, no NUL,
+  control or bidi characters, a form the parser accepts). Each returns the checked value and raises
   ``errors.InvalidArgument(field, ...)`` naming the field; a caller's value is only ever echoed shortened
   (``errors.shorten``), and the status details are bounded by ``rollart.runtime.errors``.
 * **Request limits** every service gets from the server runtime before its handler runs (:class:`Limits`,
@@ -25,9 +27,12 @@ Example::
 from __future__ import annotations
 
 import math
+import re
+import unicodedata
 from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.duration_pb2 import Duration
@@ -96,6 +101,81 @@ def text(field: str, value: str, max_chars: int, *, required: bool = False) -> s
     if len(value) > max_chars:
         raise errors.InvalidArgument(field, f"must be at most {max_chars} characters, got {len(value)}")
     return value
+
+
+#: Longest path, URI or model reference a request may carry (characters); ``PATH_MAX`` bounds its bytes.
+MAX_PATH_CHARS = 1024
+PATH_MAX_BYTES = 4096
+#: Longest path component (``NAME_MAX``, UTF-8 bytes).
+NAME_MAX_BYTES = 255
+# Control (Cc), format (Cf: bidi marks and overrides, zero-width characters), surrogate, private-use and
+# line/paragraph separator characters: a path holding one is ambiguous when displayed or logged.
+_BAD_PATH_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
+
+
+def _path_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a file-system path (a phrase to follow the field name), or ``None``."""
+    for i, ch in enumerate(value):
+        if unicodedata.category(ch) in _BAD_PATH_CATEGORIES:
+            what = "NUL" if ch == "\0" else f"U+{ord(ch):04X}"
+            return f"must not contain control, format or bidi characters ({what} at {i})"
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > PATH_MAX_BYTES:
+        return f"must be at most {PATH_MAX_BYTES} bytes as UTF-8, got {size}"
+    for part in value.split("/"):
+        if len(part.encode()) > NAME_MAX_BYTES:
+            return f"has a path component over {NAME_MAX_BYTES} bytes: {errors.shorten(part, 40)}"
+    return None
+
+
+def path(field: str, value: str, *, max_chars: int = MAX_PATH_CHARS, required: bool = False) -> str:
+    """``value`` if it can be handed to the file system as is: at most ``max_chars`` characters and
+    :data:`PATH_MAX_BYTES` bytes, components of at most :data:`NAME_MAX_BYTES` bytes, no NUL, control, bidi or
+    other format characters. Says nothing of whether the path exists (the caller checks what it needs)."""
+    text(field, value, max_chars, required=required)
+    why = _path_problem(value)
+    if why:
+        raise errors.InvalidArgument(field, why)
+    return value
+
+
+def uri(
+    field: str,
+    value: str,
+    *,
+    schemes: Sequence[str] = ("file", "s3", "gs", "http", "https"),
+    max_chars: int = MAX_PATH_CHARS,
+    required: bool = False,
+) -> str:
+    """``value`` if it is a local path (:func:`path`) or a URI with one of ``schemes`` that the URL parser
+    accepts (no whitespace, control or bidi characters, a valid host part)."""
+    path(field, value, max_chars=max_chars, required=required)
+    if "://" not in value:
+        return value
+    if any(ch.isspace() for ch in value):
+        raise errors.InvalidArgument(field, f"must not contain whitespace, got {errors.shorten(value)}")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - parsing the port is what may fail
+    except ValueError as exc:
+        raise errors.InvalidArgument(field, f"is not a valid URI ({exc}): {errors.shorten(value)}") from None
+    if parts.scheme.lower() not in schemes:
+        raise errors.InvalidArgument(
+            field, f"must be a path or a {', '.join(s + '://' for s in schemes)} URI, got {errors.shorten(value)}"
+        )
+    return value
+
+
+#: A Hugging Face repository name (``org/name``) or a bare model name.
+HF_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+
+
+def model(field: str, value: str, *, required: bool = False) -> str:
+    """``value`` if it can name a model: a Hugging Face name (``org/name``) or a path (:func:`path`); whether
+    it exists is for the caller (a model loader must never see a value this refuses)."""
+    if value and HF_NAME_RE.match(value):
+        return value
+    return path(field, value, required=required)
 
 
 def ident(field: str, value: str, *, required: bool = True, max_chars: int = ids.MAX_ID_CHARS) -> str:
