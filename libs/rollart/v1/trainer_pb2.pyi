@@ -106,7 +106,7 @@ STOP_MODE_AFTER_STEP: StopMode
 STOP_MODE_NOW: StopMode
 
 class GrpoConfig(_message.Message):
-    __slots__ = ("learning_rate", "weight_decay", "clip_eps_low", "clip_eps_high", "kl_coef", "max_grad_norm", "normalize_advantage_std", "micro_batch_size", "epochs_per_batch", "max_seq_len")
+    __slots__ = ("learning_rate", "weight_decay", "clip_eps_low", "clip_eps_high", "kl_coef", "max_grad_norm", "normalize_advantage_std", "micro_batch_size", "epochs_per_batch", "max_seq_len", "loss_aggregation", "aggregation_length", "ratio_level", "entropy_coef", "advantage_estimator", "overlong_buffer", "overlong_max_tokens", "overlong_penalty", "correction", "correction_level", "is_cap", "mis_low", "mis_high", "proximal", "dynamic_sampling", "max_groups_per_batch")
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
     CLIP_EPS_LOW_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +117,22 @@ class GrpoConfig(_message.Message):
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_PER_BATCH_FIELD_NUMBER: _ClassVar[int]
     MAX_SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    LOSS_AGGREGATION_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATION_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    RATIO_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    ENTROPY_COEF_FIELD_NUMBER: _ClassVar[int]
+    ADVANTAGE_ESTIMATOR_FIELD_NUMBER: _ClassVar[int]
+    OVERLONG_BUFFER_FIELD_NUMBER: _ClassVar[int]
+    OVERLONG_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OVERLONG_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    CORRECTION_FIELD_NUMBER: _ClassVar[int]
+    CORRECTION_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    IS_CAP_FIELD_NUMBER: _ClassVar[int]
+    MIS_LOW_FIELD_NUMBER: _ClassVar[int]
+    MIS_HIGH_FIELD_NUMBER: _ClassVar[int]
+    PROXIMAL_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MAX_GROUPS_PER_BATCH_FIELD_NUMBER: _ClassVar[int]
     learning_rate: float
     weight_decay: float
     clip_eps_low: float
@@ -127,7 +143,23 @@ class GrpoConfig(_message.Message):
     micro_batch_size: int
     epochs_per_batch: int
     max_seq_len: int
-    def __init__(self, learning_rate: _Optional[float] = ..., weight_decay: _Optional[float] = ..., clip_eps_low: _Optional[float] = ..., clip_eps_high: _Optional[float] = ..., kl_coef: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., normalize_advantage_std: _Optional[bool] = ..., micro_batch_size: _Optional[int] = ..., epochs_per_batch: _Optional[int] = ..., max_seq_len: _Optional[int] = ...) -> None: ...
+    loss_aggregation: str
+    aggregation_length: int
+    ratio_level: str
+    entropy_coef: float
+    advantage_estimator: str
+    overlong_buffer: int
+    overlong_max_tokens: int
+    overlong_penalty: float
+    correction: str
+    correction_level: str
+    is_cap: float
+    mis_low: float
+    mis_high: float
+    proximal: str
+    dynamic_sampling: bool
+    max_groups_per_batch: int
+    def __init__(self, learning_rate: _Optional[float] = ..., weight_decay: _Optional[float] = ..., clip_eps_low: _Optional[float] = ..., clip_eps_high: _Optional[float] = ..., kl_coef: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., normalize_advantage_std: _Optional[bool] = ..., micro_batch_size: _Optional[int] = ..., epochs_per_batch: _Optional[int] = ..., max_seq_len: _Optional[int] = ..., loss_aggregation: _Optional[str] = ..., aggregation_length: _Optional[int] = ..., ratio_level: _Optional[str] = ..., entropy_coef: _Optional[float] = ..., advantage_estimator: _Optional[str] = ..., overlong_buffer: _Optional[int] = ..., overlong_max_tokens: _Optional[int] = ..., overlong_penalty: _Optional[float] = ..., correction: _Optional[str] = ..., correction_level: _Optional[str] = ..., is_cap: _Optional[float] = ..., mis_low: _Optional[float] = ..., mis_high: _Optional[float] = ..., proximal: _Optional[str] = ..., dynamic_sampling: _Optional[bool] = ..., max_groups_per_batch: _Optional[int] = ...) -> None: ...
 
 class PublishConfig(_message.Message):
     __slots__ = ("weight_sync", "checkpoint_every", "checkpoint_store", "relay_endpoints", "streams", "mooncake_master", "bucket_bytes", "dtype", "max_segment_bytes")
