@@ -469,6 +469,113 @@ class RunEpisodeResponse(_message.Message):
     reward: _common_pb2.RewardOutcome
     def __init__(self, trajectory: _Optional[_Union[_common_pb2.Trajectory, _Mapping]] = ..., reward: _Optional[_Union[_common_pb2.RewardOutcome, _Mapping]] = ...) -> None: ...
 
+class EvalPrompt(_message.Message):
+    __slots__ = ("seed", "options", "prompt_text", "metadata")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    seed: int
+    options: _containers.ScalarMap[str, str]
+    prompt_text: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, seed: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ..., prompt_text: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class EvaluateRequest(_message.Message):
+    __slots__ = ("evaluation_id", "env", "prompts", "samples_per_prompt", "concurrency", "pass_threshold")
+    EVALUATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    PASS_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    evaluation_id: str
+    env: EnvironmentSpec
+    prompts: _containers.RepeatedCompositeFieldContainer[EvalPrompt]
+    samples_per_prompt: int
+    concurrency: int
+    pass_threshold: float
+    def __init__(self, evaluation_id: _Optional[str] = ..., env: _Optional[_Union[EnvironmentSpec, _Mapping]] = ..., prompts: _Optional[_Iterable[_Union[EvalPrompt, _Mapping]]] = ..., samples_per_prompt: _Optional[int] = ..., concurrency: _Optional[int] = ..., pass_threshold: _Optional[float] = ...) -> None: ...
+
+class EvalEpisode(_message.Message):
+    __slots__ = ("prompt_index", "sample", "trajectory_id", "status", "reward", "passed", "failure_cause", "turns", "tokens_generated", "versions")
+    PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    prompt_index: int
+    sample: int
+    trajectory_id: str
+    status: _common_pb2.TrajectoryStatus
+    reward: float
+    passed: bool
+    failure_cause: str
+    turns: int
+    tokens_generated: int
+    versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt_index: _Optional[int] = ..., sample: _Optional[int] = ..., trajectory_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.TrajectoryStatus, str]] = ..., reward: _Optional[float] = ..., passed: _Optional[bool] = ..., failure_cause: _Optional[str] = ..., turns: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., versions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class EvaluateResponse(_message.Message):
+    __slots__ = ("evaluation_id", "task", "prompts", "samples_per_prompt", "episodes_scored", "episodes_failed", "mean_at_n", "pass_at_n", "tokens_generated", "prompt_tokens", "min_version", "max_version", "elapsed", "failures_by_cause", "episodes")
+    class FailuresByCauseEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    EVALUATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_SCORED_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FAILED_FIELD_NUMBER: _ClassVar[int]
+    MEAN_AT_N_FIELD_NUMBER: _ClassVar[int]
+    PASS_AT_N_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_BY_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    evaluation_id: str
+    task: str
+    prompts: int
+    samples_per_prompt: int
+    episodes_scored: int
+    episodes_failed: int
+    mean_at_n: float
+    pass_at_n: float
+    tokens_generated: int
+    prompt_tokens: int
+    min_version: int
+    max_version: int
+    elapsed: _duration_pb2.Duration
+    failures_by_cause: _containers.ScalarMap[str, int]
+    episodes: _containers.RepeatedCompositeFieldContainer[EvalEpisode]
+    def __init__(self, evaluation_id: _Optional[str] = ..., task: _Optional[str] = ..., prompts: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., episodes_scored: _Optional[int] = ..., episodes_failed: _Optional[int] = ..., mean_at_n: _Optional[float] = ..., pass_at_n: _Optional[float] = ..., tokens_generated: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., failures_by_cause: _Optional[_Mapping[str, int]] = ..., episodes: _Optional[_Iterable[_Union[EvalEpisode, _Mapping]]] = ...) -> None: ...
+
 class EnvManagerStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -75,6 +75,11 @@ class EnvManagerStub:
                 request_serializer=rollart_dot_v1_dot_envmanager__pb2.RunEpisodeRequest.SerializeToString,
                 response_deserializer=rollart_dot_v1_dot_envmanager__pb2.RunEpisodeResponse.FromString,
                 _registered_method=True)
+        self.Evaluate = channel.unary_unary(
+                '/rollart.v1.EnvManager/Evaluate',
+                request_serializer=rollart_dot_v1_dot_envmanager__pb2.EvaluateRequest.SerializeToString,
+                response_deserializer=rollart_dot_v1_dot_envmanager__pb2.EvaluateResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/rollart.v1.EnvManager/GetStatus',
                 request_serializer=rollart_dot_v1_dot_envmanager__pb2.EnvManagerStatusRequest.SerializeToString,
@@ -150,6 +155,22 @@ class EnvManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Evaluate(self, request, context):
+        """Validation: runs `samples_per_prompt` episodes of every held-out prompt
+        on the policy the actors serve now, through the same episode loop and
+        LLMProxy as training, outside the ledger: no lease is taken, nothing is
+        settled or enters a training batch, and the in-flight window and
+        staleness do not count it. Each episode is scored as the task's training
+        trajectories are. Answers when every episode has ended; an episode that
+        failed for infrastructure reasons is counted apart (never as a zero
+        reward). INVALID_ARGUMENT names the field (no prompts, an unknown
+        environment, samples_per_prompt out of [1, 64], more than 1024 prompts or
+        4096 episodes in all).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStatus(self, request, context):
         """Counts of loops, trajectories and sandboxes, and outcome counters.
         """
@@ -199,6 +220,11 @@ def add_EnvManagerServicer_to_server(servicer, server):
                     servicer.RunEpisode,
                     request_deserializer=rollart_dot_v1_dot_envmanager__pb2.RunEpisodeRequest.FromString,
                     response_serializer=rollart_dot_v1_dot_envmanager__pb2.RunEpisodeResponse.SerializeToString,
+            ),
+            'Evaluate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Evaluate,
+                    request_deserializer=rollart_dot_v1_dot_envmanager__pb2.EvaluateRequest.FromString,
+                    response_serializer=rollart_dot_v1_dot_envmanager__pb2.EvaluateResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -423,6 +449,33 @@ class EnvManager:
             '/rollart.v1.EnvManager/RunEpisode',
             rollart_dot_v1_dot_envmanager__pb2.RunEpisodeRequest.SerializeToString,
             rollart_dot_v1_dot_envmanager__pb2.RunEpisodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Evaluate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollart.v1.EnvManager/Evaluate',
+            rollart_dot_v1_dot_envmanager__pb2.EvaluateRequest.SerializeToString,
+            rollart_dot_v1_dot_envmanager__pb2.EvaluateResponse.FromString,
             options,
             channel_credentials,
             insecure,
