@@ -273,8 +273,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
     async def ListPublishedVersions(self, request, context) -> T.ListPublishedVersionsResponse:
         if self.runner is None:
             raise errors.NotFound("no job was started")
-        if request.limit < 0 or request.from_version < 0:
-            raise errors.InvalidArgument("from_version", "from_version and limit must be >= 0")
+        validators.check_list_published(request)
         limit = request.limit or 100
         out = [
             p
@@ -286,8 +285,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
     async def GetStepMetrics(self, request, context) -> T.GetStepMetricsResponse:
         if self.runner is None:
             raise errors.NotFound("no job was started")
-        if request.from_step < 0 or request.to_step < 0:
-            raise errors.InvalidArgument("from_step", "from_step and to_step must be >= 0")
+        validators.check_step_metrics(request)
         hi = request.to_step or (1 << 62)
         return T.GetStepMetricsResponse(steps=[m for m in self.runner.metrics if request.from_step <= m.step <= hi])
 

@@ -3,6 +3,8 @@
 Invariant: a spec that passes :func:`check_spec` fails later only for reasons outside the spec (a peer down, a
 model that does not load); a spec that can never run (unknown device or backend, a learning rate of inf, a 1 MB
 model name, sizes out of range) is refused with INVALID_ARGUMENT naming the field (``spec.grpo.learning_rate``).
+Every string that reaches the file system, a URL parser or a model loader (model, checkpoint store and uri,
+dataset uris, metrics path) passes ``rollart.runtime.validation``'s path checks before anything touches it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from rollart.v1 import trainer_pb2 as T
 
 DEVICE_RE = re.compile(r"^(cpu|mps|cuda(:[0-9]{1,2})?)$")
 # A Hugging Face repository name ("org/name") or a bare name; anything else must be a local directory.
-HF_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+HF_NAME_RE = v.HF_NAME_RE
 # HOST:PORT, or a gRPC target such as dns:///ledger:50052 or unix:/run/ledger.sock.
 ADDRESS_RE = re.compile(r"^(?=.*:)[A-Za-z0-9._\-\[\]:/@%+~]{3,512}$")
 DTYPES = ("", "float32", "bfloat16", "float16")
@@ -30,7 +32,7 @@ BACKENDS = (
     T.TRAINER_BACKEND_MEGATRON,
 )
 MAX_PARALLEL = 1024
-MAX_PATH_CHARS = 1024
+MAX_PATH_CHARS = v.MAX_PATH_CHARS
 MAX_BATCH = 1_000_000  # the ledger's bounds
 MAX_GROUP = 4096
 MAX_ALPHA = 1000
@@ -45,11 +47,20 @@ def _address(field: str, value: str) -> None:
         raise errors.InvalidArgument(field, f"must be HOST:PORT or a gRPC target, got {errors.shorten(value)}")
 
 
+def _exists(p: Path, *, directory: bool = False) -> bool:
+    """Whether ``p`` is a file (a directory), False where the file system cannot tell (no permission)."""
+    try:
+        return p.is_dir() if directory else p.is_file()
+    except OSError:
+        return False
+
+
 def _model(spec: T.TrainerJobSpec) -> None:
     model = v.text("spec.model", spec.model, MAX_PATH_CHARS, required=True)
+    v.model("spec.model", model)  # before the file system sees it
     local = Path(model).expanduser()
-    if model.startswith(("/", "./", "../", "~")) or local.is_dir():
-        if not (local / "config.json").is_file():
+    if model.startswith(("/", "./", "../", "~")) or _exists(local, directory=True):
+        if not _exists(local / "config.json"):
             raise errors.InvalidArgument(
                 "spec.model", f"{errors.shorten(model)} is not a checkpoint directory (no config.json)"
             )
@@ -77,7 +88,7 @@ def _publish(pub: T.PublishConfig) -> None:
     p = "spec.publish."
     v.enum(p + "weight_sync", pub.weight_sync, T.WeightSyncMode, required=False)
     v.integer(p + "checkpoint_every", pub.checkpoint_every, 0, 1_000_000)
-    v.text(p + "checkpoint_store", pub.checkpoint_store, MAX_PATH_CHARS)
+    v.uri(p + "checkpoint_store", pub.checkpoint_store)
     v.items(p + "relay_endpoints", pub.relay_endpoints, 256)
     for i, endpoint in enumerate(pub.relay_endpoints):
         _address(f"{p}relay_endpoints[{i}]", endpoint)
@@ -118,7 +129,7 @@ def _parallel(spec: T.TrainerJobSpec) -> None:
     from .megatron.convert import Qwen3Layout, UnsupportedModel
 
     config = Path(spec.model).expanduser() / "config.json"
-    if not config.is_file():
+    if not _exists(config):
         raise errors.InvalidArgument("spec.model", "the Megatron backend needs a local checkpoint directory")
     try:
         layout = Qwen3Layout.from_hf_config(json.loads(config.read_text()))
@@ -170,9 +181,9 @@ def _sampling(s: common_pb2.SamplingParams) -> None:
 def _prompts(where: str, pr: T.PromptSource) -> None:
     v.text(f"{where}.task", pr.task, 256)
     ids.check_id(f"{where}.environment", pr.environment, required=False)
-    v.text(f"{where}.dataset_uri", pr.dataset_uri, MAX_PATH_CHARS)
+    v.uri(f"{where}.dataset_uri", pr.dataset_uri)
     if pr.dataset_uri and not pr.dataset_uri.startswith(("s3://", "http://", "https://")):
-        if not Path(pr.dataset_uri.removeprefix("file://")).is_file():
+        if not _exists(Path(pr.dataset_uri.removeprefix("file://"))):
             raise errors.InvalidArgument(f"{where}.dataset_uri", f"no such file: {errors.shorten(pr.dataset_uri)}")
     v.mapping(f"{where}.metadata", pr.metadata, 256, max_value_chars=1 << 20)
 
@@ -226,7 +237,7 @@ def check_spec(spec: T.TrainerJobSpec) -> None:
     _grpo(spec.grpo, spec)
     _publish(spec.publish)
     c = spec.checkpoint
-    v.text("spec.checkpoint.uri", c.uri, MAX_PATH_CHARS)
+    v.uri("spec.checkpoint.uri", c.uri)
     v.integer("spec.checkpoint.every_steps", c.every_steps, 0, 1_000_000)
     v.integer("spec.checkpoint.keep_last", c.keep_last, 0, 1_000_000)
     _prompts("spec.prompts", spec.prompts)
@@ -240,7 +251,7 @@ def check_spec(spec: T.TrainerJobSpec) -> None:
     v.duration("spec.batch_timeout", spec.batch_timeout, max_seconds=MAX_BATCH_TIMEOUT_S)
     if spec.HasField("batch_timeout") and v.duration("spec.batch_timeout", spec.batch_timeout) <= 0:
         raise errors.InvalidArgument("spec.batch_timeout", "must be > 0")
-    v.text("spec.metrics_path", spec.metrics_path, MAX_PATH_CHARS)
+    v.path("spec.metrics_path", spec.metrics_path)
     v.mapping("spec.options", spec.options, 256)
     _parallel(spec)
     # The GRPO settings as the backend will build them (options such as grpo.temperature included).
@@ -250,3 +261,13 @@ def check_spec(spec: T.TrainerJobSpec) -> None:
         GrpoSettings.from_job_spec(spec)
     except ValueError as exc:
         raise errors.InvalidArgument("spec.grpo", str(exc)) from None
+
+
+def check_list_published(request: T.ListPublishedVersionsRequest) -> None:
+    if request.limit < 0 or request.from_version < 0:
+        raise errors.InvalidArgument("from_version", "from_version and limit must be >= 0")
+
+
+def check_step_metrics(request: T.GetStepMetricsRequest) -> None:
+    if request.from_step < 0 or request.to_step < 0:
+        raise errors.InvalidArgument("from_step", "from_step and to_step must be >= 0")
