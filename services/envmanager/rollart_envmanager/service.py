@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import socket
 
 from grpc import aio
 
 from rollart.discovery import Registration
-from rollart.runtime import errors, ids, timeutil
+from rollart.runtime import errors
 from rollart.runtime.telemetry import log_fields
 from rollart.v1 import common_pb2, envmanager_pb2, envmanager_pb2_grpc
 from rollart.v1 import resource_manager_pb2 as rm
 
+from . import validators
 from .config import EnvManagerConfig
 from .convert import list_environments
 from .envs.base import EnvConfigError, UnknownEnvironment
@@ -32,26 +32,6 @@ from .sandbox import availability
 
 log = logging.getLogger(__name__)
 LS = envmanager_pb2.LoopState
-MAX_TEXT = 1 << 20
-
-
-def invalid(message: str) -> errors.InvalidArgument:
-    return errors.InvalidArgument("", message)
-
-
-def _duration_ok(name: str, d) -> None:
-    timeutil.checked_duration(name, d)
-
-
-def _check_sampling(s: common_pb2.SamplingParams) -> None:
-    if not math.isfinite(s.temperature) or s.temperature < 0:
-        raise invalid("env.sampling.temperature must be >= 0")
-    if not math.isfinite(s.top_p) or not 0 <= s.top_p <= 1:
-        raise invalid("env.sampling.top_p must be within [0, 1]")
-    if s.max_tokens < 0:
-        raise invalid("env.sampling.max_tokens must be >= 0 (0: the envmanager's default)")
-    if s.top_k < -1:
-        raise invalid("env.sampling.top_k must be >= -1")
 
 
 class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
@@ -102,36 +82,14 @@ class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
 
     # -- helpers -------------------------------------------------------------------------------------------------
     def _config(self, env: envmanager_pb2.EnvironmentSpec) -> TaskConfig:
-        if not env.environment:
-            raise invalid("env.environment is required")
-        if len(env.environment) > 256 or len(env.task) > 256:
-            raise invalid("env.environment and env.task must be at most 256 characters")
-        if env.max_turns < 0 or env.max_context_tokens < 0:
-            raise invalid("env.max_turns and env.max_context_tokens must be >= 0")
-        if len(env.system_prompt) > MAX_TEXT:
-            raise invalid("env.system_prompt is too long")
-        _check_sampling(env.sampling)
-        _duration_ok("env.generation_timeout", env.generation_timeout)
-        sb = env.sandbox
-        for name in ("time_budget", "step_timeout"):
-            _duration_ok(f"env.sandbox.{name}", getattr(sb, name))
-        if sb.cpu_limit < 0 or sb.memory_mib < 0 or sb.pids_limit < 0 or sb.workspace_mib < 0:
-            raise invalid("env.sandbox limits must be >= 0 (0: the default)")
-        if sb.backend not in envmanager_pb2.SandboxBackend.values():
-            raise invalid(f"env.sandbox.backend {sb.backend} is not a SandboxBackend")
-        if env.interaction not in envmanager_pb2.InteractionMode.values():
-            raise invalid(f"env.interaction {env.interaction} is not an InteractionMode")
-        if env.reward.kind not in common_pb2.ScorerKind.values():
-            raise invalid(f"env.reward.kind {env.reward.kind} is not a ScorerKind")
-        for name in ("mean", "stddev", "min", "max"):
-            _duration_ok(f"env.latency.{name}", getattr(env.latency, name))
+        validators.check_env(env)
         try:
             config = self.manager.task_config(env)
             info, backend, _turns = config.resolve(self.manager.registry)
         except UnknownEnvironment as exc:
-            raise invalid(str(exc)) from None
+            raise errors.InvalidArgument("", str(exc)) from None
         except (EnvConfigError, ValueError) as exc:
-            raise invalid(str(exc)) from None
+            raise errors.InvalidArgument("", str(exc)) from None
         ok, why = info.availability()
         if not ok:
             raise errors.FailedPrecondition(f"{info.id} cannot run here: {why}")
@@ -145,19 +103,11 @@ class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
         try:
             return list_environments(request, self.manager.registry)
         except ValueError as exc:
-            raise invalid(str(exc)) from None
+            raise errors.InvalidArgument("", str(exc)) from None
 
     async def StartLoops(self, request: envmanager_pb2.StartLoopsRequest, context) -> envmanager_pb2.LoopGroup:
         m = self.manager
-        ids.check_id("group_id", request.group_id)
-        if request.count <= 0:
-            raise invalid("count must be > 0")
-        if request.max_trajectories_per_loop < 0:
-            raise invalid("max_trajectories_per_loop must be >= 0 (0: until stopped)")
-        # Holders are holder_prefix/<index>: room is left for the index within the id rule.
-        ids.check_id("holder_prefix", request.holder_prefix, required=False, max_chars=ids.MAX_ID_CHARS - 50)
-        if len(request.lease_tasks) > 100 or any(not t or len(t) > 256 for t in request.lease_tasks):
-            raise invalid("lease_tasks: at most 100 non-empty tags of at most 256 characters")
+        validators.check_start_loops(request)
         async with self._start_lock:
             existing = m.groups.get(request.group_id)
             if existing is not None:
@@ -191,10 +141,7 @@ class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
         return list(dict.fromkeys(out))
 
     async def StopLoops(self, request: envmanager_pb2.StopLoopsRequest, context) -> envmanager_pb2.StopLoopsResponse:
-        if not request.group_ids and not request.loop_ids:
-            raise invalid("name group_ids or loop_ids to stop")
-        if request.mode not in envmanager_pb2.LoopStopMode.values():
-            raise invalid(f"mode {request.mode} is not a LoopStopMode")
+        validators.check_stop_loops(request)
         loops = self._targets(request.group_ids, request.loop_ids)
         mode = "abort" if request.mode == envmanager_pb2.LOOP_STOP_MODE_ABORT else "graceful"
         released = sum(1 for lo in loops if lo.stop(mode))
@@ -218,8 +165,7 @@ class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
         return envmanager_pb2.ListLoopGroupsResponse(groups=[g.proto() for g in groups])
 
     async def ListLoops(self, request: envmanager_pb2.ListLoopsRequest, context) -> envmanager_pb2.ListLoopsResponse:
-        if any(s not in LS.values() for s in request.states):
-            raise errors.InvalidArgument("states", "holds a value that is not a LoopState")
+        validators.check_list_loops(request)
         if request.group_id and request.group_id not in self.manager.groups:
             raise errors.NotFound(f"no loop group {errors.shorten(request.group_id)}")
         states = set(request.states)
@@ -233,10 +179,7 @@ class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
 
     async def AbortTrajectories(self, request: envmanager_pb2.AbortTrajectoriesRequest,
                                 context) -> envmanager_pb2.AbortTrajectoriesResponse:
-        if not request.trajectory_ids:
-            raise errors.InvalidArgument("trajectory_ids", "is required")
-        if len(request.trajectory_ids) > 10_000 or len(request.reason) > 1000:
-            raise errors.InvalidArgument("", "at most 10000 trajectory_ids and a 1000-character reason")
+        validators.check_abort_trajectories(request)
         aborted = []
         reason = request.reason or "aborted through AbortTrajectories"
         for tid in dict.fromkeys(request.trajectory_ids):
@@ -252,13 +195,9 @@ class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
 
     async def RunEpisode(self, request: envmanager_pb2.RunEpisodeRequest, context) -> envmanager_pb2.RunEpisodeResponse:
         m = self.manager
-        if not request.HasField("env"):
-            raise invalid("env is required")
-        tid = ids.check_id("trajectory_id", request.trajectory_id or new_trajectory_id())
+        tid = validators.check_run_episode(request, request.trajectory_id or new_trajectory_id())
         if tid in m.oneoff or tid in m.by_trajectory:
             raise errors.AlreadyExists(f"trajectory {tid} is in flight")
-        if len(request.prompt_text) > MAX_TEXT:
-            raise invalid("prompt_text is too long")
         config = self._config(request.env)
         group = Group(envmanager_pb2.StartLoopsRequest(group_id="episode", env=request.env, count=1), config,
                       "", [])
