@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.wan_emulator import LinkSpec, WanEmulator
 from rollart.delta import WeightSet, save_safetensors
 from rollart.local.processes import free_port
+from rollart.netem import LinkSpec, WanEmulator
 from rollart.v1 import common_pb2
 from rollart.weights.checkpoint_store import open_store
 from rollart.weights.publisher import Publisher

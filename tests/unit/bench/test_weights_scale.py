@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.bench_weights_scale import (
+from bench.weights.weights_scale import (
     SHAPES,
     delta_every_tensor,
     pause_table,

@@ -8,7 +8,7 @@ import asyncio
 
 import numpy as np
 
-from bench.wan_emulator import LinkSpec, WanEmulator
+from rollart.netem import LinkSpec, WanEmulator
 from rollart.weights import transport as tp
 from rollart.weights.hub import DeltaHub
 from tests.unit.weights.weights_testlib import JOB, KEY, OTHER_KEY, model, segments, step

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from bench.wan_emulator import LinkSpec, WanEmulator
 from rollart.delta import DeltaEncoder, decode_delta
+from rollart.netem import LinkSpec, WanEmulator
 from rollart.weights import transport as tp
 from tests.unit.weights.weights_testlib import JOB, KEY, OTHER_KEY, Endpoint, model, segments, step
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from bench.wan_emulator import LinkSpec, RateWindow, TokenBucket, WanEmulator
+from rollart.netem import LinkSpec, RateWindow, TokenBucket, WanEmulator
 
 RATE = 4e6  # bytes/s
 CHUNK = 64 * 1024  # 16 ms per chunk at RATE; the burst is one chunk

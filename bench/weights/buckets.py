@@ -1,7 +1,7 @@
 """Weight buckets through Mooncake vs a safetensors file on local disk (the baseline).
 
-    python bench/bench_buckets.py                          # tiny Qwen3 (built here) + a 1 GiB synthetic bf16 model
-    python bench/bench_buckets.py --tiny DIR --gib 0.25    # reuse a tiny model dir; a smaller synthetic model
+    python -m bench buckets                          # tiny Qwen3 (built here) + a 1 GiB synthetic bf16 model
+    python -m bench buckets --tiny DIR --gib 0.25    # reuse a tiny model dir; a smaller synthetic model
 
 A real ``mooncake_master`` on loopback; the publisher is this process (it lends the store its segment),
 the puller is a second process (the transfer engine's TCP path, as between a trainer and an actor).
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libs"))
 
 from rollart.delta import WeightSet, load_safetensors, save_safetensors  # noqa: E402
 from rollart.local.mooncake import start_mooncake_master  # noqa: E402
@@ -194,7 +194,7 @@ def hidden_rows(ws: WeightSet, master: str, work: Path, bucket_bytes: int, repea
         for background in (True, False):
             argv = [sys.executable, __file__, "--actor-worker", master, "--model-dir", str(model_dir)]
             proc = subprocess.Popen(argv + (["--background"] if background else []), stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                                    stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
             assert proc.stdout is not None and proc.stdin is not None
             assert proc.stdout.readline().strip() == "READY"
             rows = []

@@ -1,9 +1,9 @@
 """Striped transfer benchmark: one delta over S = 1, 2, 4, 8 TCP streams through an emulated WAN path.
 
-    .venv/bin/python bench/bench_transfer.py                 # ~40 MB delta, 50 MB/s link, 16 MB/s per flow
-    .venv/bin/python bench/bench_transfer.py --mb 20 --repeat 1
+    .venv/bin/python -m bench transfer                 # ~40 MB delta, 50 MB/s link, 16 MB/s per flow
+    .venv/bin/python -m bench transfer --mb 20 --repeat 1
 
-Path: trainer (this process, ``rollart.weights.transport.send_delta``) -> ``bench/wan_emulator.py`` (its own
+Path: trainer (this process, ``rollart.weights.transport.send_delta``) -> ``libs/rollart/netem/wan.py`` (its own
 process) -> a real ``rollart-relay`` process, which verifies every segment and ``h(v)`` before it answers
 DONE; the time is from the first byte sent until that DONE. The emulator gives every TCP connection a rate cap
 (what one flow gets on a long lossy path), a shared link capacity, a round-trip delay and random loss-like
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "libs"))
 sys.path.insert(0, str(ROOT))
 
@@ -101,7 +101,7 @@ def start_relay(tmp: Path, libs: Path | None = None) -> tuple[subprocess.Popen, 
 
 def start_emulator(target: str, a: argparse.Namespace, script: Path | None = None) -> tuple[subprocess.Popen, str]:
     """The emulator (this tree's, or ``script``: an older one for a side-by-side run) in its own process."""
-    script = script or ROOT / "bench" / "wan_emulator.py"
+    script = script or ROOT / "libs" / "rollart" / "netem" / "wan.py"
     argv = [sys.executable, str(script), target, "--rate", str(a.flow_mbps * 1e6)]
     argv += ["--link-rate", str(a.link_mbps * 1e6), "--rtt", str(a.rtt_ms / 1e3)]
     argv += ["--stall-prob", str(a.stall_prob), "--stall", str(a.stall_ms / 1e3), "--slack", str(a.slack_ms / 1e3)]
@@ -131,10 +131,16 @@ def wakeup_lateness(n: int = 100, period: float = 0.004) -> dict[str, float]:
 
 
 def export_emulator(ref: str, dest: Path) -> Path:
-    """``bench/wan_emulator.py`` as of git ``ref`` (a baseline emulator in the same run)."""
+    """The WAN emulator as of git ``ref`` (a baseline emulator in the same run): ``libs/rollart/netem/wan.py``,
+    or ``bench/wan_emulator.py`` for a ref from before it moved."""
     out = dest / f"wan_emulator_{ref.replace('/', '_').replace('~', '_')}.py"
-    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:bench/wan_emulator.py"], check=True,
-                          capture_output=True, text=True).stdout
+    for path in ("libs/rollart/netem/wan.py", "bench/wan_emulator.py"):
+        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:{path}"], capture_output=True, text=True)
+        if shown.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"--baseline-ref {ref}: no WAN emulator at that ref ({shown.stderr.strip()})")
+    text = shown.stdout
     out.write_text(text)
     return out
 
@@ -185,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="emulator: lateness of its own wake-ups that does not cost capacity (0: the old emulator)")
     ap.add_argument("--segment-kb", type=int, default=512, help="maximum segment size, KiB")
     ap.add_argument("--baseline-ref", default="",
-                    help="git ref whose libs/rollart (the relay) and bench/wan_emulator.py run first, side by side "
+                    help="git ref whose libs/rollart (the relay) and libs/rollart/netem/wan.py run first, side by side "
                          "(the sender is this tree's in both)")
     ap.add_argument("--json", type=Path, help="write the figures here")
     a = ap.parse_args(argv)
@@ -196,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(d)
         variants: list[tuple[str, Path | None, Path | None]] = [("this tree", None, None)]
         if a.baseline_ref:
-            from bench.bench_fanout import export_libs
+            from bench.weights.fanout import export_libs
 
             variants.insert(0, (f"relay + emulator at {a.baseline_ref}", export_libs(a.baseline_ref, tmp),
                                 export_emulator(a.baseline_ref, tmp)))

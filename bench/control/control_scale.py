@@ -3,16 +3,16 @@ one envmanager with 16-1,024 environment loops; ops/s, p50/p99 latency, CPU per 
 
     python -m bench control-scale --json PATH [--quick] [--profile DIR]
 
-(a) Proxy: one real ``rollart-llmproxy`` process in front of simulated actors (``bench/sim_actor.py``: real
+(a) Proxy: one real ``rollart-llmproxy`` process in front of simulated actors (``bench/_support/sim_actor.py``: real
     gRPC servers speaking the actor protocol with a fixed timing model, in a process of their own; a fake inside
     a benchmark of the proxy, which is allowed, because real vLLM actors do not fit on the benchmark machine beyond
-    a few dozen trajectories: the real-actor figures are ``bench_llmproxy``'s). For each concurrency C, C
+    a few dozen trajectories: the real-actor figures are ``bench llmproxy``'s). For each concurrency C, C
     trajectories run turns back to back (``--think-ms`` between turns, like an environment step), first directly
     against the simulated actors, then through the proxy; "added" is the proxy's percentile minus the direct one
     at the same C. CPU per op is the proxy process's user+system CPU (from /proc) per turn and per chunk.
-(b) Ledger: the rows of ``bench/control_scale_ledger.py`` ``rows(args)`` when that module is present (part A of
+(b) Ledger: the rows of ``bench/control/control_scale_ledger.py`` ``rows(args)`` when that module is present (part A of
     the issue); the table says so when it is not.
-(c) EnvManager: one envmanager process (``bench/envmanager_harness.py``) running N concurrent loops of a cheap
+(c) EnvManager: one envmanager process (``bench/_support/envmanager_harness.py``) running N concurrent loops of a cheap
     environment against a scripted proxy; per-turn overhead = envmanager CPU per turn, and turn latency.
 
 ``--profile DIR`` runs the proxy under cProfile (one profile per concurrency) and prints its top functions.
@@ -35,11 +35,11 @@ from pathlib import Path
 import numpy as np
 from grpc import aio
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "libs"))
 sys.path.insert(0, str(REPO))
 
-from bench.service_procs import BIN, MD, cpu_seconds, pct, sampling, start, start_sim  # noqa: E402
+from bench._support.service_procs import BIN, MD, cpu_seconds, pct, sampling, start, start_sim  # noqa: E402
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2  # noqa: E402
 from rollart.v1 import llmproxy_pb2 as lp  # noqa: E402
 from rollart.v1 import llmproxy_pb2_grpc as lg  # noqa: E402
@@ -230,9 +230,9 @@ def profile_summary(path: Path, top: int = 20) -> str:
 
 def ledger_rows(args) -> tuple[list[dict], str]:
     try:
-        mod = importlib.import_module("bench.control_scale_ledger")
+        mod = importlib.import_module("bench.control.control_scale_ledger")
     except ModuleNotFoundError:
-        return [], "bench/control_scale_ledger.py is not present (issue 17 part A): no ledger rows"
+        return [], "bench/control/control_scale_ledger.py is not present (issue 17 part A): no ledger rows"
     return list(mod.rows(args)), ""
 
 
@@ -240,7 +240,7 @@ def ledger_rows(args) -> tuple[list[dict], str]:
 
 
 def envmanager_rows(args, tmp: Path) -> list[dict]:
-    from bench import envmanager_scale
+    from bench.control import envmanager_scale
 
     return envmanager_scale.rows(args, tmp)
 
@@ -329,7 +329,7 @@ def save(args, rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", type=Path, help="write the rows here (one object per row)")
-    p.add_argument("--png", type=Path, default=REPO / "bench" / "results" / "control-scale.png")
+    p.add_argument("--png", type=Path, default=REPO / "bench" / "results" / "control-scale-16-1024.png")
     p.add_argument("--quick", action="store_true", help="short run: fewer points, shorter measurements")
     p.add_argument("--only", choices=("proxy", "ledger", "envmanager"), action="append")
     p.add_argument("--concurrency", type=int, nargs="+", default=[16, 64, 256, 1024])
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += proxy_rows(args, tmp)
         save(args, rows)
         notes.append(
-            f"llmproxy: simulated actors (bench/sim_actor.py, TTFT {args.ttft_ms} ms, {args.token_ms} ms/token, "
+            f"llmproxy: simulated actors (bench/_support/sim_actor.py, TTFT {args.ttft_ms} ms, {args.token_ms} ms/token, "
             f"one per {args.trajectories_per_actor} trajectories, at most {args.max_actors}); {args.gen_tokens} "
             f"tokens per turn in chunks of 1, {args.think_ms} ms between turns; p50/p99 = time to first token "
             "through the proxy, added = minus direct at the same n; CPU = the proxy process's."

@@ -2,8 +2,8 @@
 one-off, AReaL and async (alpha = 1, 2, 4; or a sweep), and the reward curves of sync vs async alpha = 1, on the
 same task, seeds, model and hardware.
 
-    python -m bench protocol                        # ~40 min on 2 cores (= python bench/bench_protocol.py)
-    python bench/bench_protocol.py --record         # also writes "## Trainer and protocol" in bench/RESULTS.md
+    python -m bench protocol                        # ~40 min on 2 cores
+    python -m bench protocol --record         # also writes "## Trainer and protocol" in bench/RESULTS.md
     python -m bench protocol --json out.json        # one object per configuration (see --json)
     python -m bench protocol --alphas 1 2 3 4 6     # the async rows for these alphas (the alpha sweep)
 
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from rollart.job.metrics import read_records  # noqa: E402

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.envmanager_harness import Cluster, Driver, FixedLatencyGenerator, GeneratorThread
+from bench._support.envmanager_harness import Cluster, Driver, FixedLatencyGenerator, GeneratorThread
 from rollart.v1 import common_pb2 as c
 from rollart.v1 import envmanager_pb2 as em
 
@@ -147,7 +147,7 @@ def rows(args, tmp: Path) -> list[dict]:
                 flush=True,
             )
             if args.profile and (args.profile / f"envmanager-{n}.txt").exists():
-                from bench.bench_control_scale import profile_summary
+                from bench.control.control_scale import profile_summary
 
                 print(profile_summary(args.profile / f"envmanager-{n}.txt"))
     finally:

@@ -1,4 +1,4 @@
-"""Roofline-emulated GPU actors for the hardware-affinity benchmark ONLY (``bench_affinity``): real gRPC servers
+"""Roofline-emulated GPU actors for the hardware-affinity benchmark ONLY (``bench affinity``): real gRPC servers
 speaking ``rollart.v1.Actor`` (Generate, Tokenize, Abort, GetStatus), registered with the real resource manager
 in a pool of their kind, whose generation time is what a Qwen3-8B-sized model would take on an H800
 (compute-optimised) or an H20 (bandwidth-optimised) GPU by a roofline model. No GPU of either kind is on the
@@ -24,7 +24,7 @@ Peak figures, used as they are (no efficiency factor, the same for both kinds): 
 Time runs ``dilation`` times slower than the model says (the emulated seconds are reported); steps are scheduled
 on an absolute clock so that late wake-ups on a loaded host do not accumulate, and the lag is reported.
 
-    python bench/roofline_actor.py --kind h800 --count 2 --pool h800 --resource-manager ADDR --ready FILE
+    python bench/_support/roofline_actor.py --kind h800 --count 2 --pool h800 --resource-manager ADDR --ready FILE
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from pathlib import Path
 import grpc
 from grpc import aio
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "libs"))
 
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2  # noqa: E402
@@ -278,7 +278,7 @@ class RooflineActor(actor_pb2_grpc.ActorServicer):
     async def GetStatus(self, request, context):
         e = self.engine
         return actor_pb2.ActorStatus(
-            actor_id=self.actor_id, model="qwen3-8b-roofline", engine=f"roofline {e.gpu.name} (bench/roofline_actor.py)",
+            actor_id=self.actor_id, model="qwen3-8b-roofline", engine=f"roofline {e.gpu.name} (bench/_support/roofline_actor.py)",
             pool=self.pool, ready=True, pd_role=common_pb2.PD_ROLE_UNIFIED,
             weights=common_pb2.ActorWeightState(loaded=True, active_version=0),
             running_requests=len(e.running), waiting_requests=len(e.waiting), max_model_len=40960,

@@ -13,7 +13,7 @@ finds the actors through the real resource manager, by pool and declared kind):
   a short action;
 - ``math`` (decode-heavy, like GEM math): one turn, a ``--b-prompt``-token question, a ``--b-answer``-token answer.
 
-Actors are roofline-emulated GPUs (``bench/roofline_actor.py``: Qwen3-8B on H800 or H20 by peak FLOP/s and
+Actors are roofline-emulated GPUs (``bench/_support/roofline_actor.py``: Qwen3-8B on H800 or H20 by peak FLOP/s and
 memory bandwidth, continuous batching with chunked prefill, a prefix cache per trajectory, PD over a 400 Gb/s
 link) because this machine has no GPU; everything else is the real service. Fleets of equal cost at an
 assumed rental price of 2.0 $/h per H800 and 1.0 $/h per H20 (the H20 is the cut-down export part; public
@@ -49,7 +49,7 @@ from pathlib import Path
 
 import grpc
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "libs"))
 sys.path.insert(0, str(REPO))
 
@@ -89,7 +89,7 @@ class ProfiledTask(Env):
         return StepResult("o" * self.obs, 1.0 if done else 0.0, done)
 
 
-ENVIRONMENTS = [{"id": "bench:profiled", "factory": "bench.bench_affinity:ProfiledTask",
+ENVIRONMENTS = [{"id": "bench:profiled", "factory": "bench.rollout.affinity:ProfiledTask",
                  "supported_backends": ["in_process"], "default_backend": "in_process", "default_max_turns": 1000,
                  "options": {"turns": "turns per episode", "obs": "characters per observation"}}]
 
@@ -108,7 +108,7 @@ class Rollout:
     ledger, reward and envmanager."""
 
     def __init__(self, name: str, args: argparse.Namespace, tmp: Path) -> None:
-        from bench.envmanager_harness import TOKEN
+        from bench._support.envmanager_harness import TOKEN
         from rollart.local.processes import ManagedProcess, start_redis
 
         self.name, self.args, self.tmp = name, args, tmp
@@ -135,7 +135,7 @@ class Rollout:
                                 ROLLART_REDIS_URL=url.rsplit("/", 1)[0] + "/0")["address"]
         for pool, count in self.fleet.items():
             ready = tmp / f"pool-{pool}.ready"
-            argv = [sys.executable, str(REPO / "bench" / "roofline_actor.py"), "--kind", pool, "--count", str(count),
+            argv = [sys.executable, str(REPO / "bench" / "_support" / "roofline_actor.py"), "--kind", pool, "--count", str(count),
                     "--pool", pool, "--resource-manager", self.rm_address, "--ready", str(ready),
                     "--stats", str(tmp / f"pool-{pool}.stats"), "--dilation", str(args.dilation)]
             proc = ManagedProcess(f"pool-{pool}", argv, log_path=tmp / f"pool-{pool}.log", env=dict(base)).start()
@@ -151,14 +151,14 @@ class Rollout:
                    ROLLART_AUTO_AFFINITY__SATURATION_REQUESTS=str(args.saturation),
                    ROLLART_CHUNK_TOKENS=str(args.chunk_tokens))
         self.proxy_address = px["address"]
-        from bench.envmanager_harness import ENVIRONMENTS as _harness_envs  # noqa: F401 - the harness's module
-        from bench.envmanager_harness import Cluster
+        from bench._support.envmanager_harness import ENVIRONMENTS as _harness_envs  # noqa: F401 - the harness's module
+        from bench._support.envmanager_harness import Cluster
 
         self.cluster = Cluster(tmp, self.proxy_address, ROLLART_ENVIRONMENTS=json.dumps(ENVIRONMENTS),
                                ROLLART_LEASE_WAIT_SECONDS="1")
 
     def proxy(self):
-        from bench.envmanager_harness import MD
+        from bench._support.envmanager_harness import MD
         from rollart.v1 import llmproxy_pb2 as lp
         from rollart.v1 import llmproxy_pb2_grpc as lg
 
@@ -225,7 +225,7 @@ class Rollout:
 def step(driver, args: argparse.Namespace, seed: int, on_started=None) -> float:
     from google.protobuf.duration_pb2 import Duration
 
-    from bench.envmanager_harness import MD
+    from bench._support.envmanager_harness import MD
     from rollart.v1 import ledger_pb2 as lg
 
     t0 = time.monotonic()
@@ -248,7 +248,7 @@ def step(driver, args: argparse.Namespace, seed: int, on_started=None) -> float:
 def run_config(name: str, args: argparse.Namespace) -> dict:
     import threading
 
-    from bench.envmanager_harness import Driver
+    from bench._support.envmanager_harness import Driver
 
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-affinity-{name}-"))
     roll = Rollout(name, args, tmp)
@@ -260,7 +260,7 @@ def run_config(name: str, args: argparse.Namespace) -> dict:
         n = args.groups * args.group_size
         a = env_spec("swe", args.a_turns, args.a_obs, args.a_action)
         b = env_spec("math", 1, args.b_prompt, args.b_answer)
-        from bench.envmanager_harness import MD
+        from bench._support.envmanager_harness import MD
         from rollart.v1 import envmanager_pb2 as em
         for task, spec in (("swe", a), ("math", b)):
             driver.em.StartLoops(em.StartLoopsRequest(group_id=task, env=spec, count=n, max_trajectories_per_loop=0,
@@ -380,7 +380,7 @@ def main() -> int:
     ap.add_argument("--pd-min-prompt", type=int, default=1024)
     ap.add_argument("--kill-after", type=float, default=2.0, help="emulated seconds into the step (mix-auto-kill)")
     ap.add_argument("--json", type=Path, help="write the rows (one object per configuration) here")
-    ap.add_argument("--png", type=Path, default=REPO / "bench" / "results" / "affinity.png")
+    ap.add_argument("--png", type=Path, default=REPO / "bench" / "results" / "affinity-equal-cost-fleets.png")
     args = ap.parse_args()
     rows = []
     for name in args.only or list(CONFIGS):

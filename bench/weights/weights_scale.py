@@ -20,7 +20,7 @@ Per size, one table row and one point of each curve (PNG next to the JSON):
 - delta v2 and XOR + zstd-1 (bench_codec's code, same inputs): bytes, bytes per changed entry, encode and
   decode + apply CPU seconds (CPU time: the machine is shared and wall time is noisy);
 - relay forward CPU: a real ``rollart-relay`` forwards one version of that size (a delta of the v2 size) to
-  one actor; CPU seconds of the relay process (bench_fanout.forward_cpu);
+  one actor; CPU seconds of the relay process (bench.weights.fanout.forward_cpu);
 - catch-up after K versions, derived from the measured figures: K x (bytes at 1 Gb/s + decode + apply CPU)
   against a full checkpoint (bytes at 1 Gb/s + SHA-256 at this core's measured speed).
 
@@ -36,7 +36,7 @@ Per size, one table row and one point of each curve (PNG next to the JSON):
   order), then a full checkpoint (LoadCheckpoint). Median per kind: the actor's server pause window, its
   load time, the longest gap between tokens the streams saw (which also covers the re-prefill of the
   requests in flight) and the RPC time; with the engine start seconds and peak RSS of actor + engine
-  (bench/actor_pause.py, shared with bench_actor). A size whose actor would not fit in the memory
+  (bench/_support/actor_pause.py, shared with bench actor). A size whose actor would not fit in the memory
   available now (about 3x the served bytes + 3 GiB) is skipped and says so in its row.
 
 Not here: real GRPO deltas on the 0.6B shape (``--grpo`` is not implemented; RESULTS.md says what was
@@ -62,12 +62,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "libs"))
 sys.path.insert(0, str(ROOT))
 
-from bench import bench_codec  # noqa: E402
-from bench.actor_pause import (  # noqa: E402
+from bench._support.actor_pause import (  # noqa: E402
     TOKEN,
     PauseProbe,
     aiter_of,
@@ -79,8 +78,9 @@ from bench.actor_pause import (  # noqa: E402
     segment_messages,
     start_actor,
 )
-from bench.bench_fanout import forward_cpu  # noqa: E402
-from bench.bench_transfer import make_delta  # noqa: E402
+from bench.weights import codec as bench_codec  # noqa: E402
+from bench.weights.fanout import forward_cpu  # noqa: E402
+from bench.weights.transfer import make_delta  # noqa: E402
 from rollart.delta import WeightSet  # noqa: E402
 
 #: name -> (hidden, layers, intermediate, q heads, kv heads, head dim, vocab)

@@ -1,7 +1,7 @@
 """Catch-up benchmark: rejoining after K = 1, 3, 10 missed versions, deltas vs a full checkpoint.
 
-    .venv/bin/python bench/bench_catchup.py                  # 64M-parameter bf16 model, 3 % of entries per step
-    .venv/bin/python bench/bench_catchup.py --params 32e6 --density 0.01
+    .venv/bin/python -m bench catchup                  # 64M-parameter bf16 model, 3 % of entries per step
+    .venv/bin/python -m bench catchup --params 32e6 --density 0.01
 
 A trainer (``Publisher``, this process) publishes versions 1..N to a real ``rollart-relay`` process and writes
 full checkpoints to a directory checkpoint store. An actor that missed the last K versions rejoins two ways:
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "libs"))
 
 from rollart.delta import WeightSet  # noqa: E402

@@ -1,8 +1,8 @@
 """Redundant rollouts: rollout time for GRPO groups of 8 with 0, 1, 2 and 4 extra members, under straggling
 environments.
 
-    .venv/bin/python -m bench.bench_redundant                  # 8 groups of 8, lognormal steps (mean 0.5 s, cv 1)
-    .venv/bin/python -m bench.bench_redundant --extras 0,2 --repeats 2
+    .venv/bin/python -m bench redundant                  # 8 groups of 8, lognormal steps (mean 0.5 s, cv 1)
+    .venv/bin/python -m bench redundant --extras 0,2 --repeats 2
 
 Real rollart-ledger, rollart-reward and rollart-envmanager processes. Each prompt is a group of 8 samples plus R
 extra leases (the ledger's redundancy); one environment loop per lease runs a fixed-turns environment whose
@@ -22,8 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.bench_env_interaction import duration
-from bench.envmanager_harness import Cluster, Driver, FixedLatencyGenerator, GeneratorThread, machine
+from bench._support.envmanager_harness import Cluster, Driver, FixedLatencyGenerator, GeneratorThread, machine
+from bench.rollout.env_interaction import duration
 from rollart.v1 import common_pb2 as c
 from rollart.v1 import envmanager_pb2 as em
 

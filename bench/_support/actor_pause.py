@@ -1,6 +1,6 @@
 """The actor under a weight update: start a real `rollart-actor`, keep streams generating, time each update.
 
-Shared by ``bench_actor.py`` (tiny model, deltas of a few layers) and ``bench_weights_scale.py --pause``
+Shared by ``bench actor`` (tiny model, deltas of a few layers) and ``bench weights-scale --pause``
 (models by size, deltas touching every tensor). One update's figures (:meth:`PauseProbe.measure`):
 
 - ``server_ms``: the actor's own ``WeightUpdateResult.pause_window`` (engine paused -> resumed);
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "bench-actor-token"
 MAX_MODEL_LEN = 2048
 

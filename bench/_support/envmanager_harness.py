@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 from grpc import aio
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "libs"))
 
 from rollart.local.processes import ManagedProcess, start_redis  # noqa: E402
@@ -54,7 +54,7 @@ class FixedTurns(Env):
         return StepResult(f"Observation after turn {self.turn}.", 1.0 if done else 0.0, done)
 
 
-ENVIRONMENTS = [{"id": "bench:fixed-turns", "factory": "bench.envmanager_harness:FixedTurns",
+ENVIRONMENTS = [{"id": "bench:fixed-turns", "factory": "bench._support.envmanager_harness:FixedTurns",
                  "supported_backends": ["in_process"], "default_backend": "in_process", "default_max_turns": 1000,
                  "options": {"turns": "turns per episode"}}]
 

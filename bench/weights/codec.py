@@ -1,9 +1,9 @@
 """Codec benchmark: delta format 1 and 2 vs XOR + zstd-1 vs int32 pairs vs the dense tensors, one run.
 
-    python bench/bench_codec.py                              # ~100M-param Qwen3-shaped bf16 model,
+    python -m bench codec                              # ~100M-param Qwen3-shaped bf16 model,
                                                              # 1/3/10/30/100 % of entries changed
-    python bench/bench_codec.py --params 20e6 --json out.json
-    python bench/bench_codec.py --real A.safetensors B.safetensors   # plus a real pair of checkpoints
+    python -m bench codec --params 20e6 --json out.json
+    python -m bench codec --real A.safetensors B.safetensors   # plus a real pair of checkpoints
                                                              # (repeat --real for more pairs)
 
 Every method gets the same inputs in the same run. Per row: bytes, bytes per changed entry, encode and
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "libs"))
 
 from rollart.delta import WeightSet, apply_delta, decode_delta, encode_delta, kernels, load_safetensors  # noqa: E402
 from rollart.delta.dtypes import BY_NAME  # noqa: E402

@@ -1,7 +1,7 @@
 """Trajectory-level vs batch-level environment interaction, with per-turn environment latency ~ N(mu, sigma).
 
-    .venv/bin/python -m bench.bench_env_interaction                      # B=64, 5 turns, mu=0.5 s, gen 0.2 s
-    .venv/bin/python -m bench.bench_env_interaction --cvs 0.1,0.5,1.0 --repeats 1
+    .venv/bin/python -m bench env-interaction                      # B=64, 5 turns, mu=0.5 s, gen 0.2 s
+    .venv/bin/python -m bench env-interaction --cvs 0.1,0.5,1.0 --repeats 1
 
 Real rollart-ledger, rollart-reward and rollart-envmanager processes; B environment loops (one per trajectory)
 run a fixed-turns environment whose every step sleeps a latency drawn from N(mu, sigma) (clipped at 0, the
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.envmanager_harness import (
+from bench._support.envmanager_harness import (
     Cluster,
     Driver,
     FixedLatencyGenerator,

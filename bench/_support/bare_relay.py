@@ -1,4 +1,4 @@
-"""A bare grpc.aio relay, the floor under the LLMProxy's per-turn and per-chunk CPU (``bench_llmproxy --floor``).
+"""A bare grpc.aio relay, the floor under the LLMProxy's per-turn and per-chunk CPU (``bench llmproxy --floor``).
 
 It serves ``rollart.v1.LLMProxy/Generate`` and passes each turn to one actor's ``Generate`` (with the job token
 of ``ROLLART_JOB_TOKEN``): no interceptors, no auth check, validation, routing or accounting; each actor chunk is forwarded as received inside a
@@ -11,7 +11,7 @@ work; what this relay costs is one Python gRPC hop. Variants, side by side in th
   ``grpc.experimental.tcp_read_chunk_size``);
 - ``--loop asyncio``: the standard library's event loop instead of uvloop (which every RollArt service runs on).
 
-    python bench/bare_relay.py --actor 127.0.0.1:PORT --ready-file F [--mode write] [--options '[["k", 1]]']
+    python bench/_support/bare_relay.py --actor 127.0.0.1:PORT --ready-file F [--mode write] [--options '[["k", 1]]']
 
 The ready file (JSON: address, pid) is written once it serves, like a RollArt service's.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 from grpc import aio
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "libs"))
 
 from rollart.delta.leb128 import encode_int as _varint  # noqa: E402  (a protobuf length is unsigned LEB128)

@@ -1,9 +1,9 @@
 """Job Ledger benchmark: lease + settle throughput, single-item RPCs against the batched ones, both against their
 store's limit (redis-benchmark SET on the same redis-server), with CPU per op; GetBatch latency.
 
-    .venv/bin/python -m bench.bench_ledger [--seconds 8] [--clients 1 8 32] [--modes single batched]
+    .venv/bin/python -m bench ledger [--seconds 8] [--clients 1 8 32] [--modes single batched]
                                            [--json PATH] [--py-spy PATH] [--baseline PATH]
-    .venv/bin/python -m bench.bench_ledger --script-costs 4000 [--script-batch 16] [--json PATH]
+    .venv/bin/python -m bench ledger --script-costs 4000 [--script-batch 16] [--json PATH]
 
 Starts a private redis-server (AOF, appendfsync always: what `rollart up` runs) and a real rollart-ledger
 process. For each client count, each mode runs that many concurrent environment loops (asyncio, one process),
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     # SET fsyncs every write (appendfsync always): 20,000 requests keep the run short.
     parser.add_argument("--redis-sets", type=int, default=20_000)
     parser.add_argument("--getbatch-calls", type=int, default=300)
-    parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "out" / "ledger.json")
+    parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parents[1] / "out" / "ledger.json")
     parser.add_argument("--py-spy", type=Path, help="py-spy binary: sample the ledger during the last batched row")
     parser.add_argument("--baseline", type=Path, help="JSON rows of an earlier run: print this run beside them")
     parser.add_argument("--script-costs", type=int, metavar="N",

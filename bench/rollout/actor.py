@@ -1,7 +1,7 @@
 """The actor: tokens/s over gRPC vs vLLM in-process, and the pause window of a weight update (tiny model).
 
-    python bench/bench_actor.py                     # defaults: 32 seqs x 128 tokens, 3 rounds, 5 updates
-    python bench/bench_actor.py --record            # also writes the section in bench/RESULTS.md
+    python -m bench actor                     # defaults: 32 seqs x 128 tokens, 3 rounds, 5 updates
+    python -m bench actor --record            # also writes the section in bench/RESULTS.md
 
 One run builds the tiny Qwen3 (`rollart-devtools tiny-model`, random weights), starts a real `rollart-actor` process
 and, in this process, a vLLM AsyncLLM with the same engine settings (the baseline). One engine runs at a
@@ -36,12 +36,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "libs"))
 sys.path.insert(0, str(ROOT / "services" / "actor"))
 sys.path.insert(0, str(ROOT))
 
-from bench.actor_pause import (  # noqa: E402
+from bench._support.actor_pause import (  # noqa: E402
     MAX_MODEL_LEN,
     TOKEN,
     PauseProbe,
@@ -53,7 +53,7 @@ from bench.actor_pause import (  # noqa: E402
     prompts,
     start_actor,
 )
-from bench.actor_pause import generate_request as _req  # noqa: E402
+from bench._support.actor_pause import generate_request as _req  # noqa: E402
 
 
 def _cpu_model() -> str:
@@ -313,7 +313,7 @@ weights, which a delta and a full reload both need, so the two rows differ mainl
 def record(text: str, args: argparse.Namespace, res: dict) -> None:
     path = ROOT / "bench" / "RESULTS.md"
     head = "## Rollout serving: actor"
-    cmd = "`.venv/bin/python bench/bench_actor.py --record`" + (
+    cmd = "`.venv/bin/python -m bench actor --record`" + (
         f" (`--seqs {args.seqs} --tokens {args.tokens} --rounds {args.rounds} --updates {args.updates} "
         f"--streams {args.streams}`)"
     )

@@ -23,13 +23,13 @@ beside the token buckets). The buckets keep up to ``slack_s`` of this process's 
 machine), so late capacity is made up, but never faster than the configured rate over a window.
 
 **Few wake-ups per MB.** On a loaded machine every timer and socket wake-up of this process comes late, and a
-proxy that wakes several times per 64 KiB cannot keep its own rates (measured: 8-10 of a configured 16 MB/s at
-load 20). So the sockets are read with asyncio protocols (one callback per ``recv`` of up to 256 KiB, no
-stream-reader hops), and ONE timer for the whole emulator releases, per wake-up, everything the buckets,
-windows and delay lines allow, at least ``quantum`` bytes per direction (or what is queued): about one
-wake-up per 256 KiB instead of four or five per 64 KiB. The sockets' kernel receive buffers are sized to
-what the emulated path holds (its bandwidth-delay product plus two quanta), so TCP back-pressure reaches the
-sender as on a real path instead of megabytes queueing in loopback buffers.
+proxy that wakes several times per 64 KiB falls short of its own rates. So the sockets are read with asyncio
+protocols (one callback per ``recv`` of up to 256 KiB, no stream-reader hops), and ONE timer for the whole
+emulator releases, per wake-up, everything the buckets, windows and delay lines allow, at least ``quantum`` bytes
+per direction (or what is queued): about one wake-up per 256 KiB instead of four or five per 64 KiB. The
+sockets' kernel receive buffers are sized to what the emulated path holds (its bandwidth-delay product plus two
+quanta), so TCP back-pressure reaches the sender as on a real path instead of megabytes queueing in loopback
+buffers.
 """
 
 from __future__ import annotations
@@ -306,8 +306,9 @@ class _Direction:
             n = max(0, self.drop_at - self.sent)  # type: ignore[operator]
         data = self._pop(n)
         if self.corrupt_at is not None and self.sent <= self.corrupt_at < self.sent + n:
-            data = bytearray(data)
-            data[self.corrupt_at - self.sent] ^= 0x5A
+            flipped = bytearray(data)
+            flipped[self.corrupt_at - self.sent] ^= 0x5A
+            data = memoryview(flipped)
             self.conn.stats.corrupted = True
         for lim in self._limits():
             if isinstance(lim, TokenBucket):
@@ -592,7 +593,7 @@ class WanEmulator:
 async def _main() -> None:  # pragma: no cover - manual use
     import argparse
 
-    ap = argparse.ArgumentParser(description="TCP proxy emulating a WAN path")
+    ap = argparse.ArgumentParser(prog="python -m rollart.netem", description="TCP proxy emulating a WAN path")
     ap.add_argument("target")
     ap.add_argument("--listen", default="127.0.0.1:0")
     ap.add_argument("--rate", type=float, help="bytes/s per connection")

@@ -1,9 +1,9 @@
-"""What the serving benchmarks (``bench_llmproxy``, ``bench_control_scale``) share: starting RollArt service
+"""What the serving benchmarks (``bench llmproxy``, ``bench control-scale``) share: starting RollArt service
 processes and the simulated actors with one job token, reading a process's CPU time, percentiles.
 
 Every process started here gets a clean ``ROLLART_*`` environment (the caller's own ``ROLLART_*`` settings would
 change what is measured) and the repository on ``PYTHONPATH`` after whatever the caller's ``PYTHONPATH`` holds;
-a ``PYTHONPATH=...`` passed to ``start`` replaces it (``bench_llmproxy --baseline-ref`` puts an older proxy's
+a ``PYTHONPATH=...`` passed to ``start`` replaces it (``bench llmproxy --baseline-ref`` puts an older proxy's
 sources first that way).
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO / "libs") not in sys.path:
     sys.path.insert(0, str(REPO / "libs"))
 
@@ -76,12 +76,12 @@ def start(name: str, argv: list[str], tmp: Path, timeout: float, **env: str) -> 
 def start_sim(
     tmp: Path, n: int, ttft_ms: float, token_ms: float, coalesce: bool = False
 ) -> tuple[ManagedProcess, dict[str, str]]:
-    """``n`` simulated actors (``bench/sim_actor.py``) in one process of their own; (process, id -> address)."""
+    """``n`` simulated actors (``bench/_support/sim_actor.py``) in one process of their own; (process, id -> address)."""
     ready = tmp / "run" / f"sim-{n}-{time.monotonic_ns()}.ready"
     ready.parent.mkdir(parents=True, exist_ok=True)
     argv = [
         sys.executable,
-        str(REPO / "bench" / "sim_actor.py"),
+        str(REPO / "bench" / "_support" / "sim_actor.py"),
         "--actors",
         str(n),
         "--ttft-ms",

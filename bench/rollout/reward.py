@@ -1,7 +1,7 @@
 """Reward overlap: step time with rewards computed as trajectories finish vs after the whole batch.
 
-    python bench/bench_reward.py                         # B=64, completion ~ lognormal(mean 4 s, sigma/mu 0.5)
-    python bench/bench_reward.py --batch 128 --repeats 3 --workers 2
+    python -m bench reward                         # B=64, completion ~ lognormal(mean 4 s, sigma/mu 0.5)
+    python -m bench reward --batch 128 --repeats 3 --workers 2
 
 Starts a real reward service (``rollart-reward``, with its own elastic pool of ``--workers`` worker processes),
 simulates rollout batches whose trajectories finish at times drawn from a lognormal distribution, and scores
@@ -34,7 +34,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "libs"))
 
 from rollart.local.processes import ManagedProcess  # noqa: E402

@@ -1,5 +1,5 @@
-"""Simulated actors for the control-plane benchmarks ONLY (``bench_control_scale``, the proxy profile of
-``bench_llmproxy --sim``): real gRPC servers speaking ``rollart.v1.Actor`` (Generate, Tokenize, Abort,
+"""Simulated actors for the control-plane benchmarks ONLY (``bench control-scale``, the proxy profile of
+``bench llmproxy --sim``): real gRPC servers speaking ``rollart.v1.Actor`` (Generate, Tokenize, Abort,
 GetStatus), without an engine. This is a fake inside a benchmark of something else (the proxy): it stands in for
 actors that do not fit on the benchmark machine, and its timing model is fixed so that what is measured is the
 proxy's own cost.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from grpc import aio
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "libs"))
 
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2  # noqa: E402
@@ -121,7 +121,7 @@ class SimulatedActor(actor_pb2_grpc.ActorServicer):
         return actor_pb2.ActorStatus(
             actor_id=self.actor_id,
             model="sim",
-            engine="simulated (bench/sim_actor.py)",
+            engine="simulated (bench/_support/sim_actor.py)",
             ready=True,
             pd_role=common_pb2.PD_ROLE_UNIFIED,
             weights=common_pb2.ActorWeightState(loaded=True, active_version=self.version),

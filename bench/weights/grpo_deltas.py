@@ -1,8 +1,8 @@
-"""Real GRPO deltas for bench_weights_scale: the trainer's TorchBackend takes GRPO steps at RL-like learning
+"""Real GRPO deltas for bench weights-scale: the trainer's TorchBackend takes GRPO steps at RL-like learning
 rates on a randomly initialised model with Qwen3-0.6B's layer shapes; each step's bf16 export is compared with
 the previous one (changed-entry fraction) and coded with delta v2 and XOR + zstd-1 (bench_codec).
 
-    python bench/weights_grpo_deltas.py --layers 4 --lrs 1e-6,1e-5 --steps 2 --json out.json
+    python -m bench grpo-deltas --layers 4 --lrs 1e-6,1e-5 --steps 2 --json out.json
 
 ``--layers``: the 0.6B model has 28; fp32 master weights + AdamW state + gradients cost ~16 bytes per
 parameter, so on a shared 24 GiB machine this runs fewer layers of the same shapes (the full vocabulary and
@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "libs"))
 sys.path.insert(0, str(ROOT / "services" / "trainer"))
 sys.path.insert(0, str(ROOT))
 
-from bench import bench_codec  # noqa: E402
+from bench.weights import codec as bench_codec  # noqa: E402
 from rollart.delta import WeightSet, save_safetensors  # noqa: E402
 
 

@@ -1,13 +1,13 @@
 """Relay fan-out benchmark: trainer egress and time until the last of N actors holds the whole delta.
 
-    .venv/bin/python bench/bench_fanout.py         # N = 1, 4, 8; 5 MB delta; WAN 10 MB/s, LAN 50 MB/s
-    .venv/bin/python bench/bench_fanout.py --n 1,4 --mb 2 --repeat 1
+    .venv/bin/python -m bench fanout         # N = 1, 4, 8; 5 MB delta; WAN 10 MB/s, LAN 50 MB/s
+    .venv/bin/python -m bench fanout --n 1,4 --mb 2 --repeat 1
 
 The link rates are modest on purpose: every byte crosses a Python TCP proxy, and on a 2-core machine faster
 emulated links would measure the proxies' CPU, not the topology.
 
 Topology: the trainer (this process, a ``DeltaHub`` like the publisher's) is in one region, N actors in
-another; the only path between them is an emulated WAN (``bench/wan_emulator.py``, its own process: a shared
+another; the only path between them is an emulated WAN (``libs/rollart/netem/wan.py``, its own process: a shared
 uplink capacity, RTT, per-flow caps). Inside the actors' region the relay reaches them over an emulated LAN
 (its egress shared by the N actors). Modes:
 
@@ -34,11 +34,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "libs"))
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_transfer import JOB, KEY, make_delta, voluntary_switches  # noqa: E402
+from bench.weights.transfer import JOB, KEY, make_delta, voluntary_switches  # noqa: E402
 from rollart.weights import transport as tp  # noqa: E402
 from rollart.weights.hub import DeltaHub  # noqa: E402
 
@@ -102,7 +102,7 @@ def start_relay(tmp: Path, mode: str, env: dict[str, str] | None = None, tag: st
 
 def start_emulator(target: str, a: argparse.Namespace, lan: bool = False) -> tuple[subprocess.Popen, str]:
     rate, link, rtt = (a.lan_mbps, a.lan_mbps, a.lan_rtt_ms) if lan else (a.flow_mbps, a.link_mbps, a.rtt_ms)
-    argv = [sys.executable, str(ROOT / "bench" / "wan_emulator.py"), target, "--rate", str(rate * 1e6)]
+    argv = [sys.executable, str(ROOT / "libs" / "rollart" / "netem" / "wan.py"), target, "--rate", str(rate * 1e6)]
     argv += ["--link-rate", str(link * 1e6), "--rtt", str(rtt / 1e3)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None

@@ -1,6 +1,6 @@
 """Control plane at scale, the ledger's rows (issue 17 part A): the ledger as environment loops and actors grow.
 
-    .venv/bin/python -m bench.control_scale_ledger [--quick] [--json PATH]
+    .venv/bin/python -m bench control-scale-ledger [--quick] [--json PATH]
     (and through `python -m bench control-scale`, which calls ``rows(args)``, prints the table, draws the PNG)
 
 A real rollart-ledger over a real redis-server (AOF, appendfsync always) and, in this process, simulated holders
@@ -39,7 +39,7 @@ from typing import Any
 import grpc
 import redis
 
-from bench.bench_ledger import MD, TOKEN, pct, proc_cpu_s, redis_cpu_s
+from bench.control.ledger import MD, TOKEN, pct, proc_cpu_s, redis_cpu_s
 from rollart.local.processes import ManagedProcess, start_redis
 from rollart.runtime.timeutil import duration as dur
 from rollart.v1 import common_pb2
