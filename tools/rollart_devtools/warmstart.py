@@ -1,24 +1,11 @@
 """A task-specific warm start for the tiny model: ``rollart-devtools warmstart --task frozenlake --out DIR``.
 
-RL needs a policy that sometimes succeeds: GRPO learns nothing from groups whose rewards are all equal.
-This builds the tiny Qwen3 (:mod:`rollart_devtools.tiny_model`) with a tokenizer trained on, and a supervised
-warm start (loss on the assistant's tokens only) on, dialogs of the real environment (gymnasium FrozenLake,
-rendered as the envmanager's text wrapper ``gymnasium:FrozenLake-v1`` renders it, then with the model's chat
-template exactly as the envmanager frames turns), played by a *noisy* expert: each move is a shortest-path
-move with probability ``p_expert``, else a uniformly random direction (walls and holes included). The
-imitating policy reaches the goal only sometimes (about 9% of episodes at p = 0.4, 8 turns, 300 steps, on
-the default 4x4 map, against 11.5% for the expert it imitates); RL then has to learn, state by state, which
-moves to prefer.
-
-Multi-task jobs warm-start one model on a mix of tasks (``--mix``, a JSON list of per-task recipes): the
-tokenizer is trained on, and the imitation samples from, every task's dialogs. Besides FrozenLake a task may be
-a reasoning-gym generator (``reasoning_gym:<dataset>``, single turn, framed as the envmanager's
-``reasoning_gym:`` environments frame it), answered by a noisy expert: the right answer inside
-``<answer></answer>`` with probability ``p_expert``, else a wrong one of the same kind.
-
-The output is a normal checkpoint directory (what ``rollart-devtools tiny-model`` writes) plus
-``warmstart.json`` with the recipe; building with the same recipe again is skipped (``--force`` rebuilds).
-torch and transformers are imported only when a model is built: a cached build answers in a moment.
+GRPO learns nothing from groups whose rewards are all equal, so the tiny Qwen3 gets a tokenizer trained on, and a
+supervised warm start (loss on the assistant's tokens) on, dialogs of the real environments framed exactly as the
+envmanager frames them, played by a *noisy* expert (the right move or answer with probability ``p_expert``): the
+result succeeds sometimes, far from always. ``--mix`` warm-starts one model on several tasks (FrozenLake,
+``reasoning_gym:<dataset>``). The output is a checkpoint directory plus ``warmstart.json`` (the recipe); the same
+recipe again is skipped (``--force`` rebuilds). torch is imported only when a model is built.
 """
 
 from __future__ import annotations

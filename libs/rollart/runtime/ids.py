@@ -1,23 +1,10 @@
-"""The identifier rules every RollArt service checks, defined once.
+"""The identifier rules every RollArt service checks, defined once, and the one way to mint an id.
 
-Two kinds, because they end up in different places:
-
-``ID`` (worker/actor ids, trajectory ids, request ids, lease holders, group/loop ids, manager/relay ids):
-    1-256 characters from ``A-Z a-z 0-9 . _ : @ / # + = ~ -``, starting with a letter or digit. Ids are opaque
-    keys (Redis hash fields, log fields, metadata values); ``/`` and ``#`` are allowed because callers compose
-    them hierarchically (lease holders ``env/a``, loop ids ``group/3``) and ``~`` because the proxy derives
-    retry/prefill request ids (``rid~r1``, ``rid~prefill``). No whitespace and no control characters, so an id
-    can always be logged, put in a header and compared byte for byte.
-
-``NAME`` (pool names, roles, binding ids, job ids):
-    1-63 characters from ``a-z 0-9 . _ -``, starting with a letter or digit: a DNS-label-like name, because
-    names become path segments (checkpoint and bucket layouts), metric labels and Kubernetes labels.
-
-Every name is also an id. Validation raises ``errors.InvalidArgument`` naming the field (the value is echoed
-shortened), so a servicer just calls ``ids.check_id("worker.worker_id", w.worker_id)``.
-
-Every id RollArt mints itself comes from :func:`new_id` (``traj-3f9c...``): a prefix naming the kind, then
-random hex, always a valid ``ID``.
+``ID`` (worker, trajectory, request, lease-holder, group and loop ids): 1-256 of ``A-Za-z0-9._:@/#+=~-``,
+starting with a letter or digit, so an id can always be logged, sent as a header and compared byte for byte.
+``NAME`` (pools, roles, bindings, jobs): 1-63 of ``a-z0-9._-``, DNS-label-like, because names become path
+segments, metric labels and Kubernetes labels; every name is an id. Checks raise ``errors.InvalidArgument``
+naming the field; :func:`new_id` (``traj-3f9c...``) always returns a valid ``ID``. docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
 """Full-weight buckets in a Mooncake store: the trainer publishes version ``v``, same-datacenter actors pull it.
 
-A model (name -> numpy array; bf16 held as uint16) is laid out as one flat byte stream (tensors sorted by
-name, each aligned to 64 bytes, zero padding) and cut into buckets of ``bucket_bytes`` (~1 GB by default).
-Keys, per job and version (``epoch`` is random per publish, so a key is never written twice)::
-
-    rollart/<job>/weights/v000000000042/<epoch>/00000 ... 0000N   the buckets
-    rollart/<job>/weights/v000000000042/manifest                   JSON: buckets (key, offset, size,
-                                                                   SHA-256), tensors (name, dtype, shape,
-                                                                   offset), written LAST: the commit point
-    rollart/<job>/weights/latest                                   {"version", "epoch", "manifest_sha256"}
-
-An actor pulling ``v`` reads the manifest, fetches every bucket straight into one registered buffer
-(``batch_get_into``) and verifies every bucket's SHA-256 before it returns anything: it gets the complete
-verified set or an exception (:class:`WeightsNotFoundError`, :class:`WeightsIntegrityError`,
-:class:`MooncakeUnavailableError`), never a partial set. Tensors come back as views of that buffer.
-
-Mooncake facts this module is built around (docs/architecture.md, "Platform facts that shape the code"):
-``put`` on an existing key keeps the old
-value (we never reuse a key, and write with ``upsert`` anyway); objects are hard-pinned, or they are
-evicted silently near full; a missing key reads as empty (every return code is checked, sizes too); a dead
-master fails calls (RPC timeout bounded here by ``MC_RPC_TIMEOUT_MS``), and a restarted master has
-forgotten every key: the publisher keeps the packed bytes of its latest version and ``republish()`` /
-``ensure_published()`` put them back. Objects live in the segments clients mount; by default only the
-publisher mounts one (sized for ``keep_versions + 1`` versions), so if the publisher process dies its
-buckets go with it and a new publisher must publish again.
-
-``mooncake`` is imported lazily (the library installs without it): services that use this module
-(trainer, actor) must list ``mooncake-transfer-engine-non-cuda`` (CPU) or ``mooncake-transfer-engine``.
+Invariant: a reader gets the complete set of ``v``'s buckets, each verified against the manifest's SHA-256, or an
+exception (:class:`WeightsNotFoundError`, :class:`WeightsIntegrityError`, :class:`MooncakeUnavailableError`),
+never a partial set; a key is never written twice and the manifest is written last. Layout: docs/weight-plane.md
+("Full weights"); the Mooncake behaviour it guards against: docs/platform.md. Only the publisher mounts a segment,
+so its buckets die with it and a new publisher publishes again. ``mooncake`` is imported lazily.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Full checkpoints addressed by URL: a directory (``file://`` or a path) or an S3-compatible bucket.
 
-Layout (the same under a directory and under an S3 prefix), one folder per version::
-
-    <root>/v000000000042/model.safetensors   the weights (rollart.delta.save_safetensors format); its
-                                             metadata records rollart.version, and rollart.job and
-                                             rollart.hash (the identity h(v) a format-2 delta names as its
-                                             base) when the WeightSet carries them, as the publisher's do
-    <root>/v000000000042/manifest.json       written LAST: version, SHA-256 of the file, sizes, created_at
-
-A version exists if and only if its manifest exists. The file is written first (temporary name, fsync,
-rename), then the manifest the same way, so a reader never sees a half checkpoint: a writer that dies
-before the manifest leaves an invisible folder that the next ``put`` of that version overwrites and
-``prune`` removes. Committed checkpoints are immutable (``put`` refuses to overwrite one).
-
-Readers get memory-mapped :class:`~rollart.delta.WeightSet` views (no copy); the S3 backend downloads
-into a local cache first. The SHA-256 is checked on open unless the caller opts out.
-
-No torch: numpy and the standard library (boto3 only for ``s3://`` URLs, imported when used).
+Layout: ``<root>/v<12 digits>/model.safetensors`` (metadata: ``rollart.version``, and ``rollart.job`` /
+``rollart.hash`` when known), then ``manifest.json`` (version, SHA-256, sizes), each written to a temporary name,
+fsynced and renamed. Invariant: a version exists iff its manifest does, so a reader never sees half a checkpoint
+(a writer that died leaves an invisible folder the next ``put`` overwrites); committed checkpoints are immutable
+and checked against their SHA-256 on open unless the caller opts out. No torch; boto3 only for ``s3://``.
+docs/weight-plane.md ("Full weights").
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The weight publisher (used by the trainer service): make version ``v`` available everywhere.
 
-``publish(v, weights)`` does, concurrently:
-
-1. every ``checkpoint_every`` versions (and for the first one), a full checkpoint in the checkpoint store
-   (safetensors + manifest + hash; joiners start from it);
-2. the sparse delta ``D_v`` against the previously published version, extracted and encoded in a worker
-   thread and streamed *while it is being extracted*: each segment enters the publisher's own hub as
-   soon as it is sealed, and every relay's push session follows that hub cut-through, so the first
-   segment is on the wire before the last tensor has been compared;
-3. full-weight buckets in a Mooncake store, when one is configured (for actors in the same datacenter).
-
-The publisher's hub also serves the ``rollart.v1.Relay`` API (``add_to_server`` or ``grpc_listen``) and
-a striped-transport data endpoint, so actors can fall back to the trainer when their relays are gone,
-or pull directly (the trainer-direct baseline of the fan-out benchmark).
+``publish(v, weights)`` writes a full checkpoint every ``checkpoint_every`` versions, streams the sparse delta
+``D_v`` to the relays while it is being extracted (each sealed segment enters the publisher's hub, which every
+relay's push session follows), and puts Mooncake buckets when configured. The hub also serves the Relay API, so
+actors fall back to the trainer. docs/weight-plane.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
-"""The weight subscriber: receive ``D_v`` from a relay into staging, and (standalone) commit it.
+"""The weight subscriber: receive ``D_v`` from a relay into staging (:class:`DeltaSource`), and commit it
+(:class:`WeightSubscriber`, the standalone owner for tests, benchmarks and engine-less actors).
 
-Two parts, one state machine (:class:`~rollart.weights.staging.VersionStaging`, documented there):
-
-- :class:`DeltaSource` receives. It follows relay-like sources (:class:`~rollart.weights.follower.
-  SourceFollower`): every announced version is pulled over the striped transport into the staging (each
-  segment verified on arrival, duplicates dropped by sequence number) and finished (trailer, ``h(v)``,
-  tensor structure) as soon as its last segment is in. On request (:meth:`DeltaSource.gather`) it brings
-  the whole route from the active version to ``v`` into staging: it waits for deltas still arriving and
-  fetches missed ones from the source's cache (``FetchDeltas``: catching up costs K·|D|). Commit orders
-  from the source go to its owner's ``on_commit``. It keeps no version state of its own: the active
-  version comes from the owner (``active``), staged versions live in the staging it was given.
-- :class:`WeightSubscriber` is a standalone owner (tests, benchmarks, engine-less actors): it holds the
-  active version and ``h(v)`` of an engine (``LocalEngine`` by default) and commits: ``Commit(v)`` gathers
-  the route ``D_{a+1} .. D_v``, checks every base version and the ordered ``h(v)``, and only then hands
-  the deltas to the engine (``engine.apply_delta``). A commit that cannot complete changes nothing. A
-  joiner loads the newest full checkpoint from the checkpoint store and replays the deltas after it.
-
-The actor service uses a :class:`DeltaSource` with its own owner (``rollart_actor.weights.WeightManager``),
-which applies routes to its engine at one safe point.
+Invariants: :class:`DeltaSource` keeps no version state of its own (the active version is its owner's, staged
+versions live in the :class:`~rollart.weights.staging.VersionStaging` it was given); a :class:`WeightSubscriber`
+commit checks every base version and ``h(v)`` of the whole route before its engine sees anything, so a commit that
+cannot complete changes nothing. docs/weight-plane.md ("Subscriber (actors) and publisher (trainer)").
 """
 
 from __future__ import annotations

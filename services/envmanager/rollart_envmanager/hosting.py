@@ -1,19 +1,10 @@
-"""Opening an environment on its sandbox backend: the one entry point the environment loops use.
+"""Opening an environment on its sandbox backend (:func:`open_env`): the one entry point the loops use.
 
-    env = open_env(TaskConfig("gem:game:GuessTheNumber-v0-easy"))   # default backend: a child process
-    obs = env.reset(seed=7)
-    result = env.step("\\boxed{10}")
-    env.close()
-
-- ``hosted`` environments run where the backend says: in this process (``in_process``), in a child process
-  speaking JSON lines over a pipe (``process``), or in such a child inside bubblewrap (``bwrap``).
-- ``command`` environments (code, SWE) run here and put their untrusted commands in a sandbox of the backend.
-
-On top: the turn limit (an episode still running after ``max_turns`` steps ends, ``info["truncated"]``),
-the injected per-turn latency, and the time budget of each episode (restarted by ``reset``). Environment
-code that raises (a bug, not the agent's action) becomes ``SandboxFailure(ENV_ERROR)``; a dead child, a
-timeout or a limit becomes ``SandboxFailure`` with that cause. Usage errors (``ActionError``,
-``EnvStateError``) pass through unchanged.
+``hosted`` environments run in this process, in a child process speaking JSON lines, or in such a child inside
+bubblewrap; ``command`` environments (code, SWE) run here and put untrusted commands in a sandbox. On top: the
+turn limit, the injected latency and each episode's time budget. Invariant: environment code that raises becomes
+``SandboxFailure(ENV_ERROR)``, a dead child, timeout or limit ``SandboxFailure`` with that cause; usage errors
+(``ActionError``, ``EnvStateError``) pass through. docs/environments.md.
 """
 
 from __future__ import annotations

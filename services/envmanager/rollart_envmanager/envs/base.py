@@ -1,17 +1,9 @@
-"""The environment interface: text in, text out, many turns.
+"""The environment interface: text in, text out, many turns (``reset``, ``step``, ``close``; ``metadata`` for the
+reward service).
 
-    obs = env.reset(seed)                 # the first observation (the task, the board, the issue)
-    result = env.step(action)             # StepResult(observation, reward, done, info)
-    summary = env.close()                 # idempotent; final info (e.g. textarena's close() rewards)
-
-``env.metadata`` (string to string, set by ``reset``) carries what the reward service needs to score the
-trajectory later (dataset, seed, index, gold answer, tests) and is recorded in the trajectory.
-
-Errors are typed:
-- an action that is not text (or is absurdly long) is an :class:`ActionError` (the caller's bug);
-- text the game cannot parse is *not* an error: the game answers it (``info["invalid_action"] = True``);
-- stepping before ``reset`` or after ``done`` is an :class:`EnvStateError`;
-- anything that goes wrong with the environment's machinery is a ``SandboxFailure`` (never a reward).
+Invariant: errors are typed and never rewards: :class:`ActionError` for an action that is not text, an
+:class:`EnvStateError` for calls out of order, a ``SandboxFailure`` for the machinery; text the game cannot parse
+is answered by the game (``info["invalid_action"]``). docs/environments.md ("The interface").
 """
 
 from __future__ import annotations
