@@ -9,6 +9,7 @@ rollart health --address HOST:PORT  exit 0 iff the gRPC health service answers S
 rollart resources pools|workers|bindings [--json]
 rollart ledger status [--json]      versions, actors, leases and sample buffer of the job ledger
 rollart run JOB.yaml                train a job on a local cluster (progress bar, metrics, reward curve)
+rollart samples RUN_DIR             a run's sampled trajectories (prompt, turns, reward, version), readable
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ PLUGINS = [
     ("rollart.delta.cli", "add_subparsers"),
     ("rollart.cli.ledger", "add_subparsers"),
     ("rollart.job.run", "add_subparsers"),
+    ("rollart.cli.samples", "add_subparsers"),
 ]
 
 

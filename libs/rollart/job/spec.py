@@ -14,6 +14,9 @@ A job file (``examples/*.yaml``) has these top-level sections:
   ``allow_fallback``). See :func:`job_tasks`.
 - ``model``: how ``rollart run`` prepares the model when ``job.model`` is ``tiny`` (see rollart.job.run).
 - ``cluster`` and ``run``: processes and output of ``rollart run``.
+- ``eval``: validation during training on held-out prompts, checked at load to be disjoint from the training's
+  (rollart.job.evaluation).
+- ``tracking``: TensorBoard, W&B and MLflow runs and rollout samples of ``rollart run`` (rollart.job.tracking).
 
 Only ``job`` matters to the trainer; everything here is torch-free (the CLI and tests import it).
 """
@@ -155,7 +158,7 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
         raise SpecError(f"{p}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{p}: the top level must be a mapping")
-    unknown = set(data) - {"job", "environment", "loops", "tasks", "model", "cluster", "run"}
+    unknown = set(data) - {"job", "environment", "loops", "tasks", "model", "cluster", "run", "tracking", "eval"}
     if unknown:
         raise SpecError(f"{p}: unknown section(s) {sorted(unknown)}")
     if "job" not in data:
@@ -428,7 +431,7 @@ _TASK_MESSAGES: dict[str, type[Message]] = {
     "reward": common_pb2.RewardSpec,
     "affinity": llmproxy_pb2.AffinityRule,
 }
-SECTIONS = ("job", "environment", "loops", "tasks", "model", "cluster", "run")
+SECTIONS = ("job", "environment", "loops", "tasks", "model", "cluster", "run", "tracking", "eval")
 
 
 def _task_name(item: Any) -> str:
