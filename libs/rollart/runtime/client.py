@@ -203,9 +203,9 @@ def channel(
 
 def bare_channel(address: str, tls: TLSConfig | None = None) -> aio.Channel:
     """A channel without client interceptors and without gRPC's retry filter, for hot streaming calls that are
-    never retried by gRPC (the caller routes a failed call again itself): the retry filter and the interceptors
-    cost ~0.1 ms of CPU per call (bench_control_scale). Callers add the token, trace context and baggage to
-    each call's metadata themselves."""
+    never retried by gRPC (the caller routes a failed call again itself), where the retry filter and the
+    interceptors cost CPU on every call. Callers add the token, trace context and baggage to each call's metadata
+    themselves."""
     opts: list[tuple[str, Any]] = [*(o for o in CHANNEL_OPTIONS if o[0] != "grpc.enable_retries")]
     opts.append(("grpc.enable_retries", 0))
     creds = channel_credentials(tls)

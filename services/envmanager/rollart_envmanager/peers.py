@@ -77,7 +77,8 @@ class Peer:
         """A multi-callable for a streaming call that is never retried (e.g. LLMProxy Generate), on a second
         channel to the same address without client interceptors or gRPC's retry filter: a grpc.aio interceptor
         adds a task and an iterator around every call and message, the largest per-turn cost of a loop after
-        gRPC itself (bench_control_scale). Callers pass ``self.metadata()`` (token, trace context, baggage)."""
+        gRPC itself (`python -m bench control-scale`). Callers pass ``self.metadata()`` (token, trace context,
+        baggage)."""
         await self.stub()  # resolves the address (configured or discovered)
         call = self._streams.get(method)
         if call is None:
