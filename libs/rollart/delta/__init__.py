@@ -10,9 +10,10 @@ docs/architecture.md, "Wire formats"). Typical use:
     stager.add(seg) ...; delta = stager.finish()
     apply_delta(delta, weights)                                          # verified, all or nothing
 
-Format version 2 (the default) names the base weights' identity h(v-1) (see ``identity``), codes streams
-with Zstandard when smaller and stores a tensor densely when that is smaller; version 1 stays readable and
-writable (``format_version=1``).
+Format version 3 (the default) names the base weights' identity h(v-1) (see ``identity``), codes values as
+XOR with the base, codes streams with Zstandard when smaller, stores a tensor densely when that is smaller
+and packs small tensors into shared segments; versions 1 and 2 stay readable and writable
+(``format_version=1`` or ``2``). Modules: extract, encode, decode, apply (``codec`` re-exports them).
 
 A relay that forwards without decoding uses ``parse_segment(raw, key)`` (verifies CRC and HMAC, reads
 the header) and ``split_segments``/``peek_length`` to frame a byte stream.
@@ -52,7 +53,16 @@ from .errors import (
 from .identity import weights_digest
 from .names import EngineTensor, ParamMap, Part
 from .safetensors_io import WeightSet, load_safetensors, save_safetensors
-from .segment import DEFAULT_MAX_SEGMENT_BYTES, FORMAT_V1, FORMAT_V2, FORMAT_VERSION, MAGIC, Segment, peek_length
+from .segment import (
+    DEFAULT_MAX_SEGMENT_BYTES,
+    FORMAT_V1,
+    FORMAT_V2,
+    FORMAT_V3,
+    FORMAT_VERSION,
+    MAGIC,
+    Segment,
+    peek_length,
+)
 from .segment import parse as parse_segment
 from .segment import split as split_segments
 
@@ -61,6 +71,7 @@ __all__ = [
     "DEFAULT_MAX_SEGMENT_BYTES",
     "FORMAT_V1",
     "FORMAT_V2",
+    "FORMAT_V3",
     "FORMAT_VERSION",
     "MAGIC",
     "AuthError",

@@ -1,7 +1,7 @@
 """``rollart delta encode|apply|inspect``.
 
     rollart delta encode --base A.safetensors --target B.safetensors --out D.dseg --job J --version V
-                         [--base-version U] [--base-hash H] [--format-version {1,2}] [--key-file K]
+                         [--base-version U] [--base-hash H] [--format-version {1,2,3}] [--key-file K]
                          [--max-segment-bytes N] [--no-fuse] [--json]
     rollart delta apply --base A.safetensors --delta D.dseg --out C.safetensors [--key-file K]
                         [--base-version U] [--base-hash H|content] [--json]
@@ -13,9 +13,9 @@ environment variable ROLLART_JOB_KEY (UTF-8). ``inspect`` runs every check ``app
 code (so a fault gives the same error class in both); it verifies HMACs only when a key is available and
 checks the delta against a base only with --base, and it lists what it did not check.
 
-The base's identity (version and, for format version 2, its hash h(v-1)) comes from the file's RollArt
+The base's identity (version and, for format versions 2 and 3, its hash h(v-1)) comes from the file's RollArt
 metadata (``rollart.version``, ``rollart.hash``). A file without it is refused as a base unless
---base-version and (format 2) --base-hash are given: a hex hash, or ``content`` for the digest of the file's
+--base-version and (formats 2, 3) --base-hash are given: a hex hash, or ``content`` for the digest of the file's
 tensors (the identity of weights that no delta produced, such as a job's first version).
 Exit status: 0 success, 1 the delta or a file was rejected, 2 usage error.
 Also runnable as ``python -m rollart.delta.cli [delta] encode ...``.
@@ -35,7 +35,7 @@ from typing import Any
 
 from .codec import TARGET_CHECKS, Delta, DeltaEncoder, apply_delta, decode_delta, inspect_delta
 from .errors import BaseMismatchError, DeltaError
-from .identity import weights_digest
+from .identity import digest_matches, weights_digest
 from .names import ParamMap
 from .safetensors_io import JOB_KEY, WeightSet, load_safetensors, save_safetensors
 from .segment import DEFAULT_MAX_SEGMENT_BYTES, FORMAT_VERSION, SUPPORTED_VERSIONS
@@ -98,13 +98,15 @@ def _identify_base(args: argparse.Namespace, weights: WeightSet, delta: Delta) -
         weights.version = args.base_version
     elif weights.version is None:
         raise BaseMismatchError(
-            f"{args.base} records no RollArt version: pass --base-version (and, for a format-2 delta, --base-hash)"
+            f"{args.base} records no RollArt version: pass --base-version (and, format 2 or 3, --base-hash)"
         )
     if delta.base_hash is None or weights.version == delta.version:
         return  # format 1 names no base hash; at the delta's version the delta's own h(v) is what counts
     given = _hash_arg(args.base_hash)
     if args.base_hash == "content":
         given = weights_digest(weights.arrays, weights.dtypes)
+        if given != delta.base_hash and digest_matches(weights.arrays, weights.dtypes, delta.base_hash):
+            given = delta.base_hash  # the legacy digest of weights holding a 0-d tensor (identity.py)
     if given is not None:
         if weights.applied_hash is not None and weights.applied_hash != given:
             raise UsageError(f"--base-hash {given.hex()} but {args.base} records {weights.applied_hash.hex()}")
@@ -270,7 +272,7 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     p.add_argument("--base-version", type=int, default=None, help="version of the base (default v-1)")
     p.add_argument(
         "--base-hash",
-        help="h(v-1) of the base, 64 hex digits (format 2; default: the base's rollart.hash, else its content digest)",
+        help="h(v-1) of the base, 64 hex digits (formats 2, 3; default: the base's rollart.hash, else its digest)",
     )
     p.add_argument("--format-version", type=int, choices=SUPPORTED_VERSIONS, default=FORMAT_VERSION)
     p.add_argument("--key-file", help=f"job key file (default: ${KEY_ENV})")

@@ -5,9 +5,10 @@ All integers little-endian. A segment is
 The CRC-32 (IEEE 802.3 polynomial, zlib's) covers every byte before it and tells corruption apart from
 forgery; the HMAC (job key) covers every byte before it, CRC included.
 
-Format versions 1 and 2 share the first 34 + job_len bytes of the header (so framing and relays need not
-know which one a segment is). Version 2 adds the base identity ``h(v-1)`` after the job id and, in data
-segments, a layout (sparse or dense) and a coding per stream (raw or one Zstandard frame).
+Format versions 1, 2 and 3 share the first 34 + job_len bytes of the header (so framing and relays need
+not know which one a segment is). Version 2 adds the base identity ``h(v-1)`` after the job id and, in data
+segments, a layout (sparse or dense) and a coding per stream (raw or one Zstandard frame). Version 3 keeps
+version 2's header and trailer; its data body is a list of tensor records (:mod:`.records`).
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from . import dtypes as dt
+from . import records as rc
 from .errors import AuthError, ChecksumError, FormatError, TruncatedError, UnsupportedVersionError
 
 MAGIC = b"RDLT"
 FORMAT_V1 = 1
 FORMAT_V2 = 2
-SUPPORTED_VERSIONS = (FORMAT_V1, FORMAT_V2)
-FORMAT_VERSION = FORMAT_V2  # what encoders write unless told otherwise
+FORMAT_V3 = 3
+SUPPORTED_VERSIONS = (FORMAT_V1, FORMAT_V2, FORMAT_V3)
+FORMAT_VERSION = FORMAT_V3  # what encoders write unless told otherwise
 KIND_DATA = 1
 KIND_TRAILER = 2
 LAYOUT_SPARSE = 1  # v2: positions + values
@@ -81,6 +84,7 @@ class Segment:
     index_coding: int = CODING_RAW
     value_coding: int = CODING_RAW
     start: int = 0  # dense: first flat position covered
+    records: tuple[rc.Record, ...] = ()  # v3: the tensor records (v1/v2: see tensor_records)
     # trailer
     segment_count: int = 0
     tensor_count: int = 0
@@ -94,6 +98,18 @@ class Segment:
     @property
     def is_dense(self) -> bool:
         return self.layout == LAYOUT_DENSE
+
+    @property
+    def tensor_records(self) -> tuple[rc.Record, ...]:
+        """The segment's tensor records: v3 its list, v1/v2 the one tensor its fixed header describes."""
+        if self.records or self.is_trailer:
+            return self.records
+        assert self.dtype is not None
+        return (
+            rc.Record(self.raw, self.seq, self.name, self.dtype, self.shape, self.numel, self.part, self.parts,
+                      self.layout, self.index_coding, self.value_coding, rc.TRANSFORM_NONE, self.entries, self.start,
+                      self.index_start, self.index_bytes, self.value_bytes),
+        )  # fmt: skip
 
     @property
     def index_view(self) -> memoryview:
@@ -116,12 +132,46 @@ def _common(
     if fmt == FORMAT_V1:
         return head
     if base_hash is None or len(base_hash) != HASH_BYTES:
-        raise ValueError("a version-2 segment needs the 32-byte base hash h(v-1)")
+        raise ValueError(f"a version-{fmt} segment needs the 32-byte base hash h(v-1)")
     return head + base_hash
 
 
 def _header_bytes(job: bytes, fmt: int) -> int:
-    return _COMMON.size + len(job) + (HASH_BYTES if fmt == FORMAT_V2 else 0)
+    return _COMMON.size + len(job) + (HASH_BYTES if fmt != FORMAT_V1 else 0)
+
+
+def v3_overhead(job: bytes) -> int:
+    """Bytes of a v3 data segment outside its records, but for the record count (LEB128, 1-5 bytes)."""
+    return _header_bytes(job, FORMAT_V3) + FOOTER_BYTES
+
+
+def build_v3(
+    *,
+    key: bytes,
+    job: bytes,
+    version: int,
+    base_version: int,
+    seq: int,
+    base_hash: bytes,
+    records: list[tuple[bytes, bytes | memoryview, bytes | memoryview]],
+) -> bytes:
+    """A v3 data segment from ``(record header, index stream, value stream)`` triples, in order."""
+    count = rc.leb(len(records))
+    length = v3_overhead(job) + len(count) + sum(len(h) + len(i) + len(v) for h, i, v in records)
+    if length > 0xFFFFFFFF:
+        raise ValueError("segment longer than 2^32-1 bytes")
+    head = _common(KIND_DATA, length, seq, job, version, base_version, FORMAT_V3, base_hash) + count
+    pieces: list[bytes | memoryview] = [head]
+    for h, i, v in records:
+        pieces += (h, i, v)
+    crc = 0
+    mac_ = hmac.new(key, digestmod=hashlib.sha256)
+    for p in pieces:
+        crc = zlib.crc32(p, crc)
+        mac_.update(p)
+    tail = _CRC.pack(crc)
+    mac_.update(tail)
+    return b"".join([*pieces, tail, mac_.digest()])
 
 
 def data_overhead(job: bytes, name: bytes, ndim: int, fmt: int = FORMAT_V1) -> int:
@@ -241,7 +291,7 @@ def parse(raw: bytes | bytearray | memoryview, key: bytes | None) -> Segment:
     if magic != MAGIC:
         raise FormatError(f"bad magic {magic!r}")
     if fmt not in SUPPORTED_VERSIONS:
-        raise UnsupportedVersionError(f"format version {fmt} (this decoder reads 1 and 2)")
+        raise UnsupportedVersionError(f"format version {fmt} (this decoder reads 1, 2 and 3)")
     if length > n:
         raise TruncatedError(f"segment {seq} is {length} bytes but only {n} arrived")
     if length < n:
@@ -265,7 +315,7 @@ def parse(raw: bytes | bytearray | memoryview, key: bytes | None) -> Segment:
     job = _utf8(mv[pos : pos + job_len], "job id")
     pos += job_len
     base_hash = None
-    if fmt == FORMAT_V2:
+    if fmt != FORMAT_V1:
         if pos + HASH_BYTES > end:
             raise FormatError(f"segment {seq}: cut inside the base hash")
         base_hash = bytes(mv[pos : pos + HASH_BYTES])
@@ -289,6 +339,9 @@ def parse(raw: bytes | bytearray | memoryview, key: bytes | None) -> Segment:
         if count != seq:
             raise FormatError(f"trailer sequence number {seq} != its segment count {count}")
         return Segment(**common, segment_count=count, tensor_count=tensors, total_entries=total, hash=digest)
+    if fmt == FORMAT_V3:
+        records = rc.parse_body(raw, pos, end, seq)
+        return Segment(**common, records=records, entries=sum(r.entries for r in records))
     if pos + _NAME.size > end:
         raise FormatError(f"segment {seq}: cut inside the tensor name")
     (name_len,) = _NAME.unpack_from(raw, pos)

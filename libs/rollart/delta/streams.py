@@ -1,8 +1,8 @@
-"""Index and value streams of a data segment: coding (raw or Zstandard) and the checks on decoding.
+"""Index and value streams of a tensor record: coding (raw or Zstandard) and the checks on decoding.
 
-:func:`decode_payload` is the one place where a segment's streams are decoded and checked (canonical
-LEB128, entry count, gaps >= 1, positions < numel, BOOL values 0/1, Zstandard frames): the stager, and so
-``decode_delta``, ``inspect_delta`` and ``rollart delta inspect|apply``, all go through it.
+:func:`decode_record` is the one place where streams are decoded and checked (canonical LEB128, entry
+count, gaps >= 1, positions < numel, BOOL values 0/1, Zstandard frames and their window size): the stager,
+and so ``decode_delta``, ``inspect_delta`` and ``rollart delta inspect|apply``, all go through it.
 
 Version-2 coding (docs/delta-format.md): a stream with coding 1 is exactly one Zstandard frame that
 declares its content size, with nothing after it. A value stream's frame holds the values' byte planes:
@@ -23,6 +23,7 @@ from . import kernels
 from . import segment as sg
 from .errors import FormatError
 from .leb128 import MAX_LEB_BYTES, decode_indices
+from .records import TRANSFORM_XOR, Record
 from .scratch import Scratch
 
 ZSTD_LEVEL = 1  # the encoder's choice (not part of the format); fixed so that re-encoding gives identical bytes
@@ -31,6 +32,9 @@ ZSTD_LEVEL = 1  # the encoder's choice (not part of the format); fixed so that r
 # bf16 value planes and gap streams it is 2-2.6x faster than plain level 1 and 0-5% smaller (fewer short
 # matches, more Huffman-coded literals); measured in bench/RESULTS.md ("Weight plane: codec").
 ZSTD_HASH_LOG = 6
+# The largest Zstandard window a decoder must accept (docs/delta-format.md, "Zstandard frames"); larger
+# windows are refused before decompressing, so a frame cannot make a decoder reserve more history memory.
+MAX_WINDOW_BYTES = 1 << 23
 
 _local = threading.local()
 
@@ -49,7 +53,7 @@ def _cctx() -> zstandard.ZstdCompressor:
 def _dctx() -> zstandard.ZstdDecompressor:
     d = getattr(_local, "dctx", None)
     if d is None:
-        d = _local.dctx = zstandard.ZstdDecompressor()
+        d = _local.dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW_BYTES)
     return d
 
 
@@ -97,6 +101,11 @@ def _unzstd(stream: memoryview, lo: int, hi: int, what: str) -> np.ndarray:
         raise FormatError(f"{what}: the Zstandard frame does not declare its content size")
     if not lo <= size <= hi:
         raise FormatError(f"{what}: Zstandard content of {size} bytes, expected {lo}..{hi}")
+    window = zstandard.get_frame_parameters(stream).window_size
+    if window > MAX_WINDOW_BYTES:
+        raise FormatError(
+            f"{what}: Zstandard window of {window} bytes exceeds the {MAX_WINDOW_BYTES} a decoder must accept"
+        )
     try:
         out = _dctx().decompress(stream, max_output_size=hi, allow_extra_data=False)
     except zstandard.ZstdError as exc:
@@ -108,11 +117,13 @@ def _unzstd(stream: memoryview, lo: int, hi: int, what: str) -> np.ndarray:
 
 @dataclass
 class Payload:
-    """A data segment's entries: ``indices`` (int64, ascending) for sparse, ``start`` for dense."""
+    """A record's entries: ``indices`` (int64, ascending) for sparse, ``start`` for dense. With ``xor`` (v3,
+    value transform 1) the values are the new bits XOR the base's at those positions."""
 
     indices: np.ndarray | None
     start: int
     values: np.ndarray  # numpy type of the dtype (bf16 as uint16)
+    xor: bool = False
 
     @property
     def first(self) -> int:
@@ -124,8 +135,12 @@ class Payload:
 
 
 def decode_payload(seg: sg.Segment) -> Payload:
-    """Decode and check a parsed data segment's streams. Raises FormatError (nothing is kept on failure)."""
-    assert seg.dtype is not None and not seg.is_trailer
+    """The payload of a v1/v2 data segment (its one record)."""
+    return decode_record(seg.tensor_records[0])
+
+
+def decode_record(seg: Record) -> Payload:
+    """Decode and check a parsed record's streams. Raises FormatError (nothing is kept on failure)."""
     what = f"segment {seg.seq} ({seg.name})"
     d = seg.dtype
     indices = None
@@ -145,6 +160,7 @@ def decode_payload(seg: sg.Segment) -> Payload:
         values = from_byte_planes(planes, seg.entries, d.itemsize).view(d.numpy)
     else:
         values = np.frombuffer(seg.value_view, dtype=d.numpy)
-    if d.name == "BOOL" and bool((values.view(np.uint8) > 1).any()):
+    xor = seg.transform == TRANSFORM_XOR
+    if d.name == "BOOL" and bool((values.view(np.uint8) > 1).any()):  # (XOR of two BOOLs is 0 or 1 too)
         raise FormatError(f"{what}: BOOL value other than 0 or 1")
-    return Payload(indices, seg.start, values)
+    return Payload(indices, seg.start, values, xor)

@@ -126,11 +126,19 @@ def test_large_tensor_is_split_into_bounded_segments() -> None:
     b[-1, -1] ^= 1  # make the last position change too
     v0 = WeightSet({"big": a}, {"big": "BF16"}, version=0)
     v1 = WeightSet({"big": b}, {"big": "BF16"}, version=1)
-    segs = encode(v0, v1, max_segment_bytes=8192)
+    segs = encode(v0, v1, max_segment_bytes=8192, format_version=2)
     parsed = [sg.parse(s, KEY) for s in segs]
     data = [p for p in parsed if not p.is_trailer]
     assert len(data) > 20 and all(len(s) <= 8192 for s in segs)
     assert [p.part for p in data] == list(range(len(data))) and {p.parts for p in data} == {len(data)}
+    out = v0.copy()
+    apply_delta(decode_delta(segs, KEY), out)
+    assert same_bits(out, v1)
+    # version 3: the same, one record per segment (a part fills its segment)
+    segs = encode(v0, v1, max_segment_bytes=8192)
+    recs = [r for s in segs for r in sg.parse(s, KEY).tensor_records]
+    assert len(recs) > 20 and all(len(s) <= 8192 for s in segs) and len(recs) == len(segs) - 1
+    assert [r.part for r in recs] == list(range(len(recs))) and {r.parts for r in recs} == {len(recs)}
     out = v0.copy()
     apply_delta(decode_delta(segs, KEY), out)
     assert same_bits(out, v1)
@@ -146,7 +154,7 @@ def test_encoder_streams_before_extraction_ends() -> None:
             return super().__getitem__(k)
 
     v1s = WeightSet(Spy(v1.arrays), v1.dtypes, 1)
-    gen = encode_delta(v0, v1s, job="j", version=1, key=KEY)
+    gen = encode_delta(v0, v1s, job="j", version=1, key=KEY, max_segment_bytes=600)  # v3 packs up to a segment
     first = next(gen)
     assert sg.parse(first, KEY).seq == 0
     assert len(set(touched)) < len(v1.arrays)  # later tensors not compared yet
@@ -188,7 +196,7 @@ def test_inspect_reports_sizes() -> None:
     assert {t["name"]: t["entries"] for t in info["tensors"]} == {n: t.entries for n, t in d.tensors.items()}
     assert sum(t["index_bytes"] for t in info["tensors"]) == info["index_bytes"]
     assert info["value_bytes"] <= 2 * info["entries"]  # bf16, Zstandard byte planes when smaller
-    assert info["format_version"] == 2 and info["base_hash"] == d.base_hash.hex()
+    assert info["format_version"] == 3 and info["base_hash"] == d.base_hash.hex()
     assert info["not_checked"] and all("target" not in c for c in info["checked"])  # no base given
 
 
@@ -288,7 +296,7 @@ def test_trailer_inconsistencies() -> None:
     segs = encode(v0, v1)
     tr = sg.parse(segs[-1], KEY)
     common = dict(
-        key=KEY, job=b"job-1", version=1, base_version=0, tensor_count=tr.tensor_count, fmt=2, base_hash=tr.base_hash
+        key=KEY, job=b"job-1", version=1, base_version=0, tensor_count=tr.tensor_count, fmt=3, base_hash=tr.base_hash
     )
     wrong_hash = sg.build_trailer(
         **common, segment_count=tr.segment_count, total_entries=tr.total_entries, digest=b"\0" * 32
@@ -326,7 +334,7 @@ def test_bad_magic_and_format_version() -> None:
     with pytest.raises(FormatError, match="magic"):
         sg.parse(b"XXXX" + seg[4:], KEY)
     bumped = bytearray(seg)
-    bumped[4:6] = struct.pack("<H", 3)
+    bumped[4:6] = struct.pack("<H", 4)
     with pytest.raises(UnsupportedVersionError):
         sg.parse(bytes(bumped), KEY)
 

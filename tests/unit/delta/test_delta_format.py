@@ -49,7 +49,7 @@ def test_version_2_worked_example() -> None:
     seg = sg.parse(doc[1], b"secret")
     assert (seg.layout, seg.index_coding, seg.value_coding, seg.value_bytes) == (2, 0, 1, 20)
     # the reference encoder reproduces them (the raw segment always; the frame with this libzstd)
-    w = DeltaWriter(job="j1", version=2, base_version=1, key=b"secret", base_hash=base_hash)
+    w = DeltaWriter(job="j1", version=2, base_version=1, key=b"secret", base_hash=base_hash, format_version=2)
     values = np.array([0x3F80, 0xBF80], dtype=np.uint16)
     full = np.full(64, 0x3F80, np.uint16)
     segs = [*w.add_tensor("w", "BF16", (300,), np.array([3, 201]), values)]

@@ -73,7 +73,7 @@ def test_never_larger_than_the_dense_tensor(density: float) -> None:
     rng = np.random.default_rng(int(density * 1000))
     v0 = bf16_model(rng)
     v1 = optimizer_step(rng, v0, density)
-    enc = DeltaEncoder(v0, v1, job="j", version=1, key=KEY)
+    enc = DeltaEncoder(v0, v1, job="j", version=1, key=KEY, format_version=2)
     segs = list(enc.segments())
     total = sum(map(len, segs))
     assert total <= 1.02 * v0.nbytes
@@ -98,7 +98,7 @@ def test_incompressible_values_stay_raw_and_dense_bounds_the_size() -> None:
     b = rng.integers(0, 2**16, 200_000, dtype=np.uint16)  # every entry changes to random bits
     v0 = WeightSet({"w": a}, {"w": "BF16"}, version=0)
     v1 = WeightSet({"w": b}, {"w": "BF16"}, version=1)
-    segs = list(encode_delta(v0, v1, job="j", version=1, key=KEY))
+    segs = list(encode_delta(v0, v1, job="j", version=1, key=KEY, format_version=2))
     data = [sg.parse(s, KEY) for s in segs[:-1]]
     assert all(p.is_dense and p.value_coding == sg.CODING_RAW for p in data)
     assert sum(map(len, segs)) <= 1.02 * a.nbytes
@@ -108,8 +108,10 @@ def test_encoding_is_deterministic() -> None:
     rng = np.random.default_rng(3)
     v0 = bf16_model(rng, hidden=128)
     v1 = optimizer_step(rng, v0, 0.05)
-    a = list(encode_delta(v0, v1, job="j", version=1, key=KEY, max_segment_bytes=20_000))
-    b = list(encode_delta(v0.copy(), v1.copy(), job="j", version=1, key=KEY, max_segment_bytes=20_000))
+    a = list(encode_delta(v0, v1, job="j", version=1, key=KEY, format_version=2, max_segment_bytes=20_000))
+    b = list(
+        encode_delta(v0.copy(), v1.copy(), job="j", version=1, key=KEY, format_version=2, max_segment_bytes=20_000)
+    )
     assert a == b
     kinds = {(p.index_coding, p.value_coding) for p in (sg.parse(s, KEY) for s in a[:-1])}
     assert (sg.CODING_ZSTD, sg.CODING_ZSTD) in kinds
@@ -123,7 +125,7 @@ def test_base_hash_chain_and_mismatch_before_anything_is_staged() -> None:
     v0 = qwen3_like(rng)
     v1 = train_step(rng, v0, 0.05)
     h0 = weights_digest(v0.arrays, v0.dtypes)
-    segs = list(encode_delta(v0, v1, job="j", version=1, key=KEY))
+    segs = list(encode_delta(v0, v1, job="j", version=1, key=KEY, format_version=2))
     d1 = decode_delta(segs, KEY)
     assert d1.format_version == 2 and d1.base_hash == h0
     assert all(sg.parse(s, KEY).base_hash == h0 for s in segs)
@@ -150,7 +152,7 @@ def test_base_hash_chain_and_mismatch_before_anything_is_staged() -> None:
     assert t.applied_hash == d1.hash
     v2 = train_step(rng, v1, 0.05)
     v1.applied_hash = d1.hash
-    d2 = decode_delta(list(encode_delta(v1, v2, job="j", version=2, key=KEY)), KEY)
+    d2 = decode_delta(list(encode_delta(v1, v2, job="j", version=2, key=KEY, format_version=2)), KEY)
     assert d2.base_hash == d1.hash
     apply_delta(d2, t)
     assert same_bits(t, v2) and t.applied_hash == d2.hash
@@ -166,8 +168,8 @@ def test_unchanged_version_keeps_the_chain() -> None:
     v0 = qwen3_like(rng)
     v1 = v0.copy()
     v1.version = 1
-    a = list(encode_delta(v0, v1, job="j", version=1, key=KEY, base_hash=b"\x01" * 32))
-    b = list(encode_delta(v0, v1, job="j", version=1, key=KEY, base_hash=b"\x02" * 32))
+    a = list(encode_delta(v0, v1, job="j", version=1, key=KEY, format_version=2, base_hash=b"\x01" * 32))
+    b = list(encode_delta(v0, v1, job="j", version=1, key=KEY, format_version=2, base_hash=b"\x02" * 32))
     da, db = decode_delta(a, KEY), decode_delta(b, KEY)
     assert da.total_entries == 1 and len(a) == 2  # one no-op anchor entry
     assert da.hash != db.hash  # h(v) still depends on h(v-1)
@@ -189,7 +191,7 @@ def test_version_one_is_still_read_and_written() -> None:
     apply_delta(d, t)
     assert same_bits(t, v1)
     with pytest.raises(MismatchError):  # one format per delta
-        v2segs = list(encode_delta(v0, v1, job="j", version=1, key=KEY))
+        v2segs = list(encode_delta(v0, v1, job="j", version=1, key=KEY, format_version=2))
         decode_delta([v2segs[0], *segs[1:]], KEY)
 
 
@@ -240,7 +242,8 @@ def reseal(raw: bytearray, key: bytes = KEY) -> bytes:
 # holding the key). Content that still parses is caught by h(v) (TrailerError) at the latest.
 RESEALED = {
     "magic": {FormatError},
-    "format_version": {UnsupportedVersionError},
+    # 2 -> 3 is a version this decoder reads: a v2 body read as v3, or a v3 trailer among v2 segments
+    "format_version": {UnsupportedVersionError, FormatError, MismatchError},
     "kind": {FormatError},
     "flags": {FormatError},
     "length": {TruncatedError, FormatError, ChecksumError},  # reframed: the CRC is read elsewhere
@@ -281,7 +284,7 @@ def fuzz_case() -> tuple[WeightSet, list[bytes]]:
     v0 = bf16_model(rng, hidden=64, layers=1)
     v1 = optimizer_step(rng, v0, 0.05)
     v1.arrays["model.layers.0.self_attn.o_proj.weight"][:] += 1  # a fully changed tensor: dense segments
-    segs = list(encode_delta(v0, v1, job="j", version=1, key=KEY, max_segment_bytes=3000))
+    segs = list(encode_delta(v0, v1, job="j", version=1, key=KEY, format_version=2, max_segment_bytes=3000))
     layouts = {(p.layout, p.index_coding, p.value_coding) for p in (sg.parse(s, KEY) for s in segs[:-1])}
     assert (sg.LAYOUT_DENSE, sg.CODING_RAW, sg.CODING_ZSTD) in layouts
     assert (sg.LAYOUT_SPARSE, sg.CODING_ZSTD, sg.CODING_ZSTD) in layouts
@@ -329,8 +332,10 @@ def test_fuzz_bit_flips_in_every_field(fuzz_case: tuple[WeightSet, list[bytes]])
                         assert got in RESEALED[name], (k, name, bit, got)
                     elif name in ("magic",):
                         assert issubclass(got, FormatError)
-                    elif name == "format_version":
-                        assert got is UnsupportedVersionError
+                    elif name == "format_version":  # 2 -> 3 is a version this decoder reads: then the CRC fails
+                        v = struct.unpack_from("<H", flipped, 4)[0]
+                        later = AuthError if how == "crc only" else ChecksumError
+                        assert got is (later if v in sg.SUPPORTED_VERSIONS else UnsupportedVersionError)
                     elif name == "length":  # reframes the stream: cut short, misaligned, or a CRC over other bytes
                         assert got in (TruncatedError, FormatError, ChecksumError)
                     elif how == "crc only":
