@@ -1,21 +1,8 @@
-"""``rollart run JOB.yaml``: train one job on a local cluster, from nothing to a reward curve.
-
-1. prepares the model (``job.model: tiny`` builds the warm-started tiny model of the ``model`` section with
-   ``rollart-devtools warmstart``, cached by recipe);
-2. starts a private local cluster (``rollart up`` with two actors by default: redis, the Mooncake master,
-   resource manager, ledger, relay, trainer, reward, actors, LLMProxy, envmanager) in ``<out>/cluster``;
-3. starts the job on the trainer and the environment loops on the envmanager;
-4. shows progress (step, reward, tokens/s, staleness, the version of each actor) while restarting any
-   service that dies (a supervisor: the trainer resumes from its checkpoint, an actor rejoins);
-5. at the end (or on Ctrl-C / SIGTERM, or the ``run.timeout``) stops the loops and the job, writes
-   ``<out>/metrics.jsonl`` (one line per step), ``<out>/reward.png`` and ``<out>/summary.json``, and stops
-   every process it started.
-
-A multi-task job file (``tasks:``) runs one loop group per task, each on the envmanager instance the task
-names (``envmanager``, ``envmanager-2``, ...: as many are started as the tasks name), sets each task's
-affinity rule on the LLMProxy, and reports every task's reward (progress line, ``reward.png``, summary).
-
-torch-free: the model is built by a child process (the ``rollart-devtools`` console script).
+"""``rollart run JOB.yaml``: one job on a private local cluster, from nothing to a reward curve (docs/trainer.md,
+"`rollart run`"). The runner prepares the model, starts the cluster, the job and its loops, supervises (restarts
+what dies), and at the end stops the loops and the job, writes ``metrics.jsonl``, ``reward.png``,
+``timeline.png``, ``summary.json`` and stops every process it started, Ctrl-C and SIGTERM included.
+torch-free: the model is built by a child process.
 """
 
 from __future__ import annotations
@@ -28,7 +15,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,7 +22,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
-from google.protobuf.json_format import MessageToDict
 from grpc import aio
 
 from rollart.local import cluster as local
@@ -47,18 +32,20 @@ from rollart.v1 import (
     common_pb2,
     envmanager_pb2,
     envmanager_pb2_grpc,
-    ledger_pb2,
-    ledger_pb2_grpc,
     llmproxy_pb2,
     llmproxy_pb2_grpc,
-    reward_pb2,
-    reward_pb2_grpc,
     trainer_pb2,
     trainer_pb2_grpc,
 )
 
+from . import task_checks
+from .final_state import final_state
 from .loops import LoopKeeper
 from .metrics import read_records, task_rewards, time_to_score
+from .plots import plot_rewards
+from .pools import actor_instance_pools, actor_pools, instance_number, stranded_tasks
+from .prepare import prepare_model
+from .progress import Progress
 from .spec import (
     ActorPool,
     JobTask,
@@ -72,7 +59,27 @@ from .spec import (
     load_job_file,
     model_dir_digest,
 )
+from .summary import improvement, ratio_of
+from .task_checks import rule_text
+from .task_checks import scorer_problem as _scorer_problem
 from .timeline import plot_timeline
+
+# Imported from here by tests, benchmarks and the CLI.
+__all__ = [
+    "Progress",
+    "RunOptions",
+    "Runner",
+    "_scorer_problem",
+    "actor_instance_pools",
+    "actor_pools",
+    "add_subparsers",
+    "cmd_run",
+    "improvement",
+    "plot_rewards",
+    "prepare_model",
+    "run",
+    "stranded_tasks",
+]
 
 T = trainer_pb2
 
@@ -111,259 +118,6 @@ def _section(data: dict[str, Any], name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise SpecError(f"{name}: expected a mapping")
     return value
-
-
-def prepare_model(model_section: dict[str, Any], out_root: Path, log: TextIO) -> Path:
-    """Build (or reuse) the warm-started tiny model described by the job file's ``model`` section."""
-    builder = str(model_section.get("builder", "tiny"))
-    if builder != "tiny":
-        raise SpecError(f"model.builder: unknown builder {builder!r} (tiny)")
-    recipe = {k: v for k, v in model_section.items() if k != "builder"}
-    default = "mix" if recipe.get("mix") else str(recipe.get("warm_start", "plain"))
-    name = str(recipe.pop("name", "tiny-" + default))
-    out = Path(str(recipe.pop("dir", ""))) if recipe.get("dir") else out_root / "models" / name
-    devtools = local.find_script("rollart-devtools")
-    if devtools is None:
-        raise ProcessError("building the model needs rollart-devtools (pip install -e tools; `make setup` does)")
-    argv = [devtools, "warmstart", "--out", str(out)]
-    flags = {
-        "warm_start": "--task",
-        "episodes": "--episodes",
-        "p_expert": "--p-expert",
-        "max_turns": "--max-turns",
-        "layers": "--layers",
-        "hidden": "--hidden",
-        "vocab": "--vocab",
-        "pretrain_steps": "--pretrain-steps",
-        "seed": "--seed",
-    }
-    for key, value in recipe.items():
-        if key == "options":
-            for k, v in (value or {}).items():
-                argv += ["--option", f"{k}={v}"]
-        elif key == "mix":  # multi-task jobs: one warm start on every task's dialogs
-            if not isinstance(value, list) or not value or not all(isinstance(e, dict) for e in value):
-                raise SpecError("model.mix: expected a list of per-task recipes (task, episodes, p_expert, ...)")
-            argv += ["--mix", json.dumps(value, sort_keys=True)]
-        elif key in flags:
-            argv += [flags[key], str(value)]
-        else:
-            raise SpecError(f"model.{key}: unknown key (known: builder, name, dir, options, mix, {', '.join(flags)})")
-    print(f"model            building {out} (warm start; cached by recipe)", file=log, flush=True)
-    t0 = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ProcessError(f"building the model failed:\n{proc.stderr[-3000:]}")
-    info = json.loads(proc.stdout[proc.stdout.index("{") :])
-    what = "reused" if info.get("cached") else f"built in {time.monotonic() - t0:.0f}s"
-    print(
-        f"model            {what}: {info.get('parameters')} parameters, "
-        f"warm-start expert success {info.get('expert_success_rate')}",
-        file=log,
-        flush=True,
-    )
-    return out
-
-
-def _instance_number(name: str) -> int:
-    """envmanager -> 1, envmanager-3 -> 3 (local cluster instance names)."""
-    head, _, n = name.rpartition("-")
-    return int(n) if head and n.isdigit() else 1
-
-
-def actor_pools(cluster: dict[str, Any], opts: RunOptions) -> set[str]:
-    """The actor pools ``rollart run`` starts: each instance's ``ROLLART_POOL`` (``cluster.env.actor-2``, else
-    ``cluster.env.actor``, else the actor's default ``cpu``), or the pools of a ``cluster.actors`` list."""
-    return {pool for pool, _kind in actor_instance_pools(cluster, opts).values()}
-
-
-def actor_instance_pools(cluster: dict[str, Any], opts: RunOptions) -> dict[str, tuple[str, str]]:
-    """Each actor instance ``rollart run`` starts (``actor``, ``actor-2``, ...) -> (its pool, its kind), as
-    :func:`actor_pools` reads them (a pool list's members are numbered in list order)."""
-    if isinstance(cluster.get("actors"), list):
-        pools = cluster_actor_pools(cluster)
-        envs = local.pool_instances("actor", [(p.count, p.env) for p in pools])
-        return {name: (env["ROLLART_POOL"], env["ROLLART_POOL_KIND"]) for name, env in envs.items()}
-    env = opts.service_env
-    base = env.get("actor") or {}
-    names = ["actor"] + [f"actor-{i}" for i in range(2, opts.actors + 1)]
-    return {
-        n: (
-            str((env.get(n) or {}).get("ROLLART_POOL", base.get("ROLLART_POOL", "cpu"))),
-            str((env.get(n) or {}).get("ROLLART_POOL_KIND", base.get("ROLLART_POOL_KIND", "cpu"))),
-        )
-        for n in names
-    }
-
-
-def stranded_tasks(
-    tasks: list[JobTask], instance_pools: dict[str, tuple[str, str]], dead: set[str]
-) -> list[tuple[int, JobTask, str]]:
-    """Tasks no actor can ever generate for again: their affinity names a pool (or kind) whose every actor
-    instance is dead and not restarted (the supervisor gave up on it), and allows no fallback. Each as
-    (index in tasks, task, what is gone). Rules by tags or ``auto`` are not judged here (the proxy still
-    answers their turns UNAVAILABLE)."""
-    out: list[tuple[int, JobTask, str]] = []
-    for i, t in enumerate(tasks):
-        rule = t.affinity
-        if rule is None or rule.allow_fallback or rule.auto:
-            continue
-        if rule.pool:
-            members = [n for n, (pool, _) in instance_pools.items() if pool == rule.pool]
-            what = f"pool {rule.pool!r}"
-        elif rule.pool_kind:
-            kind = common_pb2.PoolKind.Name(rule.pool_kind).removeprefix("POOL_KIND_").lower().replace("_", "-")
-            members = [n for n, (_, k) in instance_pools.items() if k == kind]
-            what = f"kind {kind}"
-        else:
-            continue
-        if members and all(n in dead for n in members):
-            out.append((i, t, f"every actor of {what} ({', '.join(sorted(members))}) is dead and not restarted"))
-    return out
-
-
-def _scorer_problem(spec: Any, scorers: list[Any] | None) -> str:
-    """Why the reward service cannot score ``spec`` (a RewardSpec), or "" (no kind: the environment's default)."""
-    if not spec.kind or scorers is None:
-        return ""
-    kind = common_pb2.ScorerKind.Name(spec.kind).removeprefix("SCORER_KIND_").lower()
-    of_kind = [x for x in scorers if x.kind == spec.kind]
-    if not of_kind:
-        return f"the reward service has no {kind} scorer"
-    named = {x.name for x in of_kind}
-    if spec.scorer and spec.scorer not in named and "" not in named:
-        return f"unknown {kind} scorer {spec.scorer!r} (known: {', '.join(sorted(named))})"
-    if not any(x.available for x in of_kind if x.name in (spec.scorer, "")):
-        return f"the {kind} scorer cannot run on this reward service"
-    return ""
-
-
-def _rule_text(rule: Any) -> str:
-    if getattr(rule, "auto", False):
-        return "auto"
-    where = rule.pool or rule.binding_id or (f"kind {rule.pool_kind}" if rule.pool_kind else "any")
-    tags = f" tags {list(rule.hardware_tags)}" if rule.hardware_tags else ""
-    return where + tags + (" (fallback)" if rule.allow_fallback else "")
-
-
-# ------------------------------------------------------------------------------------------------ progress
-
-
-class Progress:
-    """A one-line progress bar on a terminal, one line per step otherwise."""
-
-    def __init__(self, total: int, stream: TextIO, quiet: bool = False) -> None:
-        self.total = total
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.quiet = quiet
-        self.t0 = time.monotonic()
-        self.rewards: list[float] = []
-        self.task_rewards: dict[str, list[float]] = {}  # multi-task jobs: each task's batch reward by step
-        self.phase = ""
-        self.last = ""
-
-    def _bar(self, done: int, width: int = 24) -> str:
-        if not self.total:
-            return f"{done} steps"
-        filled = int(width * min(done, self.total) / self.total)
-        return "[" + "#" * filled + "." * (width - filled) + f"] {done}/{self.total}"
-
-    def step(self, m: T.StepMetrics) -> None:
-        self.rewards.append(m.reward_mean)
-        recent = self.rewards[-10:]
-        versions = " ".join(f"{a.split('-')[-1]}:v{v}" for a, v in sorted(m.actor_versions.items()))
-        elapsed = time.monotonic() - self.t0
-        self.last = (
-            f"{self._bar(m.step)} reward {m.reward_mean:.3f} (avg10 {sum(recent) / len(recent):.3f})"
-            f" | {m.rollout_tokens_per_s:6.0f} tok/s | stale {m.staleness_mean:.2f}/{m.staleness_max}"
-            f" | wasted {m.accounting.wasted_token_fraction:4.0%} ({m.accounting_total.wasted_token_fraction:.0%} all)"
-            f" | step {m.step_time.ToNanoseconds() / 1e9:5.1f}s | actors {versions or '-'} | {elapsed:4.0f}s"
-        )
-        if m.tasks:
-            parts = []
-            for task in sorted(m.tasks):
-                rs = self.task_rewards.setdefault(task, [])
-                rs.append(m.tasks[task].reward_mean)
-                parts.append(f"{task} {rs[-1]:.3f} (avg10 {sum(rs[-10:]) / len(rs[-10:]):.3f})")
-            self.last += " | tasks: " + ", ".join(parts)
-        self._show(final=not self.tty)
-
-    def note(self, text: str) -> None:
-        if self.tty and self.last:
-            self.stream.write("\r\x1b[2K")
-        self.stream.write(text + "\n")
-        if self.tty and self.last:
-            self.stream.write(self.last)
-        self.stream.flush()
-
-    def _show(self, final: bool = False) -> None:
-        if self.quiet:
-            return
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + self.last)
-        elif final:
-            self.stream.write(self.last + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty and self.last and not self.quiet:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-# ------------------------------------------------------------------------------------------------ outputs
-
-
-def improvement(rewards: list[float], window: int = 10) -> tuple[float, float, float]:
-    """(mean of the first ``window``, mean of the last ``window``, their ratio; inf when the first is 0)."""
-    if not rewards:
-        return 0.0, 0.0, 0.0
-    w = min(window, len(rewards))
-    first = sum(rewards[:w]) / w
-    last = sum(rewards[-w:]) / w
-    ratio = last / first if first > 0 else (math.inf if last > 0 else 0.0)
-    return first, last, ratio
-
-
-def plot_rewards(records: list[dict[str, Any]], path: Path, title: str) -> bool:
-    """The reward curve (mean ± std per step, and its 10-step moving average) as a PNG."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    steps = [r["step"] for r in records]
-    mean = [r.get("reward_mean", 0.0) for r in records]
-    std = [r.get("reward_std", 0.0) for r in records]
-    avg = [sum(mean[max(0, i - 9) : i + 1]) / len(mean[max(0, i - 9) : i + 1]) for i in range(len(mean))]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    lo = [max(m - s, r.get("reward_min", m - s)) for m, s, r in zip(mean, std, records)]
-    hi = [min(m + s, r.get("reward_max", m + s)) for m, s, r in zip(mean, std, records)]
-    ax.fill_between(steps, lo, hi, alpha=0.15, label="± std (within min..max)")
-    ax.plot(steps, mean, marker=".", linewidth=1, label="batch mean reward")
-    ax.plot(steps, avg, linewidth=2, label="10-step moving average")
-    for task, points in sorted(task_rewards(records).items()):  # multi-task jobs: one curve per task
-        xs = [p[0] for p in points]
-        ys = [p[1] for p in points]
-        ma = [sum(ys[max(0, i - 9) : i + 1]) / len(ys[max(0, i - 9) : i + 1]) for i in range(len(ys))]
-        line = ax.plot(xs, ys, linewidth=0.8, alpha=0.5, marker=".")[0]
-        ax.plot(xs, ma, linewidth=2, color=line.get_color(), label=f"{task} (10-step average)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return True
-
-
-# ---------------------------------------------------------------------------------------------------- run
 
 
 class Runner:
@@ -443,7 +197,7 @@ class Runner:
         replicas = {"actor": self.opts.actors}
         if self.tasks:
             # envmanager, envmanager-2, ...: as many instances as the tasks name
-            replicas["envmanager"] = max(_instance_number(t.envmanager) for t in self.tasks)
+            replicas["envmanager"] = max(instance_number(t.envmanager) for t in self.tasks)
         self.say(f"cluster          starting in {self.state_dir} ({self.opts.actors} actors)")
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
@@ -539,54 +293,12 @@ class Runner:
             self.say(f"{name:<16} {group.count} loops of {req.env.environment} (task {req.env.task})")
 
     async def check_tasks(self) -> None:
-        """Refuse a multi-task job before it starts when a task names an environment its envmanager does not
-        have (or cannot run here) or a scorer the reward service does not have: SpecError naming the field."""
-        svc = self.state["services"]
-        listed: dict[str, dict[str, envmanager_pb2.EnvironmentInfo]] = {}
-        for name in sorted({t.envmanager for t in self.tasks}):
-            ch = channel(svc[name]["address"], token=self.token, default_timeout=30.0)
-            try:
-                resp = await envmanager_pb2_grpc.EnvManagerStub(ch).ListEnvironments(
-                    envmanager_pb2.ListEnvironmentsRequest(include_unavailable=True)
-                )
-            finally:
-                await ch.close()
-            listed[name] = {e.id: e for e in resp.environments}
-        scorers: list[reward_pb2.ScorerInfo] | None = None
-        if "reward" in svc and any(t.environment.reward.kind for t in self.tasks):
-            ch = channel(svc["reward"]["address"], token=self.token, default_timeout=30.0)
-            try:
-                got = await reward_pb2_grpc.RewardStub(ch).ListScorers(reward_pb2.ListScorersRequest())
-                scorers = list(got.scorers)
-            finally:
-                await ch.close()
-        for i, t in enumerate(self.tasks):
-            env_id = t.environment.environment
-            info = listed[t.envmanager].get(env_id)
-            if info is None:
-                raise SpecError(f"tasks[{i}].environment.environment: unknown environment {env_id!r} at {t.envmanager}")
-            if not info.available:
-                why = info.unavailable_reason or "not available"
-                raise SpecError(f"tasks[{i}].environment.environment: {env_id} cannot run here: {why}")
-            problem = _scorer_problem(t.environment.reward, scorers)
-            if problem:
-                raise SpecError(f"tasks[{i}].reward: {problem}")
+        await task_checks.check_tasks(self.tasks, self.state["services"], self.token)
 
     async def _set_affinity(self) -> None:
-        rules = [t.affinity for t in self.tasks if t.affinity is not None]
-        if not rules:
-            return
-        ch = channel(self.state["services"]["llmproxy"]["address"], token=self.token, default_timeout=30.0)
-        try:
-            stub = llmproxy_pb2_grpc.LLMProxyStub(ch)
-            await stub.SetAffinity(llmproxy_pb2.SetAffinityRequest(rules=rules, merge=True))
-        except aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise SpecError(f"tasks[*].affinity: the LLMProxy refused the rules: {exc.details()}") from None
-            raise
-        finally:
-            await ch.close()
-        self.say("llmproxy         affinity " + ", ".join(f"{r.task} -> {_rule_text(r)}" for r in rules))
+        rules = await task_checks.set_affinity(self.tasks, self.state["services"], self.token)
+        if rules:
+            self.say("llmproxy         affinity " + ", ".join(f"{r.task} -> {rule_text(r)}" for r in rules))
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Follow the job's events until it ends (reconnecting across trainer restarts)."""
@@ -731,123 +443,7 @@ class Runner:
                     )
                 self.job = job
             await ch.close()
-        await self._final_state()
-
-    @staticmethod
-    async def _lease_census(stub: ledger_pb2_grpc.LedgerStub) -> dict[str, Any]:
-        """Every lease the ledger still lists, by state, and whether a slot or a trajectory was settled twice."""
-        by_state: dict[str, int] = {}
-        slots: list[tuple[str, int]] = []
-        trajectories: list[str] = []
-        token = ""
-        while True:
-            page = await stub.ListLeases(ledger_pb2.ListLeasesRequest(page_size=1000, page_token=token))
-            for le in page.leases:
-                name = ledger_pb2.LeaseState.Name(le.state).removeprefix("LEASE_STATE_").lower()
-                by_state[name] = by_state.get(name, 0) + 1
-                if le.state == ledger_pb2.LEASE_STATE_SETTLED:
-                    slots.append((le.group_id, le.sample_index))
-                    trajectories.append(le.trajectory_id)
-            token = page.next_page_token
-            if not token:
-                break
-        return {
-            "leases_listed": by_state,
-            "settled_slots": len(slots),
-            "settled_distinct_slots": len(set(slots)),
-            "settled_distinct_trajectories": len(set(trajectories)),
-        }
-
-    async def _quiet_census(self, stub: ledger_pb2_grpc.LedgerStub, st: ledger_pb2.LedgerStatus) -> dict[str, Any]:
-        """The lease counters and a census taken while they stood still (a few tries; the last one otherwise)."""
-        census: dict[str, Any] = {}
-        for _ in range(10):
-            census = await self._lease_census(stub)
-            after = await stub.GetStatus(ledger_pb2.LedgerStatusRequest(versions_limit=1))
-            if after.leases == st.leases:
-                break
-            st = after
-            await asyncio.sleep(0.5)
-        counts = MessageToDict(st.leases, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-        return {"lease_counts": counts, **census}
-
-    async def _final_state(self) -> None:
-        """What the services say at the end (summary.json "final"): the actors' versions and hashes next to the
-        ledger's and the trainer's, settlement counters, the envmanager's counters."""
-        svc = self.state.get("services", {})
-        final: dict[str, Any] = {}
-        with contextlib.suppress(aio.AioRpcError, KeyError):
-            ch = channel(svc["ledger"]["address"], token=self.token, default_timeout=10.0)
-            try:
-                stub = ledger_pb2_grpc.LedgerStub(ch)
-                st = await stub.GetStatus(ledger_pb2.LedgerStatusRequest(include_inactive_actors=True))
-                vers = await stub.ListVersions(ledger_pb2.ListVersionsRequest(from_version=0, limit=10_000))
-                final["ledger"] = {
-                    "latest_version": st.latest_version,
-                    "current_version": st.current_version,
-                    "versions": {str(v.version): v.hash.hex() for v in vers.versions},
-                    "admitted": st.settlement.admitted,
-                    "rejected": dict(st.settlement.rejected),
-                    "buffer_reserved": st.buffer.reserved_samples,
-                    "accounting": MessageToDict(st.accounting, preserving_proto_field_name=True),
-                    "duplicates": st.settlement.duplicates,
-                    # The ledger's lease counters next to its leases listed one by one (fault checks), from one
-                    # quiet moment: leases still move (aborted loops release theirs after StopLoops answered), so
-                    # the census counts only when the counters did not change while it listed.
-                    **await self._quiet_census(stub, st),
-                }
-                final["actors"] = {
-                    a.actor_id: {
-                        "liveness": ledger_pb2.ActorLiveness.Name(a.liveness).removeprefix("ACTOR_LIVENESS_"),
-                        "active_version": a.weights.active_version,
-                        "active_hash": a.weights.active_hash.hex(),
-                        "settled_tokens": a.settled_tokens,
-                    }
-                    for a in st.actors
-                }
-            finally:
-                await ch.close()
-        with contextlib.suppress(aio.AioRpcError, KeyError):
-            ch, trainer = self._trainer()
-            try:
-                pub = await trainer.ListPublishedVersions(T.ListPublishedVersionsRequest(), timeout=10)
-                ok = [p for p in pub.versions if p.state == T.PUBLISH_STATE_PUBLISHED]
-                final["trainer"] = {
-                    "published": {str(p.version.version): p.version.hash.hex() for p in ok},
-                    "failed_publications": len(pub.versions) - len(ok),
-                }
-            finally:
-                await ch.close()
-        with contextlib.suppress(aio.AioRpcError, KeyError):
-            ch = channel(svc["envmanager"]["address"], token=self.token, default_timeout=10.0)
-            try:
-                st = await envmanager_pb2_grpc.EnvManagerStub(ch).GetStatus(envmanager_pb2.EnvManagerStatusRequest())
-                c = st.counters
-                final["envmanager"] = {
-                    "trajectories": c.trajectories,
-                    "admitted": c.admitted,
-                    "rejected": c.rejected,
-                    "cancelled": c.cancelled,
-                    "infra_failures": c.infra_failures,
-                    "timeouts": c.timeouts,
-                    "turns": c.turns,
-                    "rewards_pending": st.rewards_pending,
-                    "failures_by_cause": dict(st.failures_by_cause),
-                }
-            finally:
-                await ch.close()
-        with contextlib.suppress(aio.AioRpcError, KeyError):
-            # Each task's routing as the proxy saw it: its profile and the turns routed outside its affinity.
-            ch = channel(svc["llmproxy"]["address"], token=self.token, default_timeout=10.0)
-            try:
-                table = await llmproxy_pb2_grpc.LLMProxyStub(ch).GetAffinity(llmproxy_pb2.GetAffinityRequest())
-                final["llmproxy"] = {
-                    "rules": {r.task: _rule_text(r) for r in table.rules},
-                    "profiles": {p.task: MessageToDict(p, preserving_proto_field_name=True) for p in table.profiles},
-                }
-            finally:
-                await ch.close()
-        self.final = final
+        self.final = await final_state(self.state.get("services", {}), self.token)
 
     async def main(self) -> int:
         stop = asyncio.Event()
@@ -950,7 +546,7 @@ class Runner:
             print(f"the reward did not improve {self.opts.min_improvement}x", file=self.log)
             return 1
         if self.opts.min_improvement and self.tasks:  # every task must improve, not only the mix
-            behind = [t.name for t in self.tasks if not _ratio_of(per_task.get(t.name)) >= self.opts.min_improvement]
+            behind = [t.name for t in self.tasks if not ratio_of(per_task.get(t.name)) >= self.opts.min_improvement]
             if behind:
                 print(f"the reward of {', '.join(behind)} did not improve {self.opts.min_improvement}x", file=self.log)
                 return 1
@@ -959,7 +555,7 @@ class Runner:
     def _task_lines(self, per_task: dict[str, dict[str, Any]]) -> str:
         return "".join(
             f"\n  {task}: first 10 steps {d['reward_first10']:.3f}, last 10 steps {d['reward_last10']:.3f}"
-            f" (x{_ratio_of(d):.2f})"
+            f" (x{ratio_of(d):.2f})"
             for task, d in sorted(per_task.items())
         )
 
@@ -977,15 +573,6 @@ class Runner:
             print(
                 "cluster          stopped" if ok else "cluster          SOME PROCESSES ARE STILL RUNNING", file=self.log
             )
-
-
-def _ratio_of(d: dict[str, Any] | None) -> float:
-    """A task's improvement from its summary entry (inf when it started at 0 and rose; 0 when it has none)."""
-    if not d:
-        return 0.0
-    if d.get("improvement") is not None:
-        return float(d["improvement"])
-    return math.inf if d.get("reward_last10", 0.0) > 0 else 0.0
 
 
 def run(opts: RunOptions, log: TextIO = sys.stderr) -> int:

@@ -1,0 +1,93 @@
+"""A trainer job's settings: the spec validated, with its mode's constraints applied (docs/trainer.md, "The
+job"). A bad spec fails with a ``JobError`` naming the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollart.runtime.timeutil import seconds as _seconds
+from rollart.v1 import common_pb2, trainer_pb2
+
+from .config import TrainerConfig
+
+T = trainer_pb2
+SYNC, ONE_OFF, ASYNC, AREAL = T.STEP_MODE_SYNC, T.STEP_MODE_ONE_OFF, T.STEP_MODE_ASYNC, T.STEP_MODE_AREAL
+DELTA, BUCKETS, FULL = T.WEIGHT_SYNC_MODE_DELTA, T.WEIGHT_SYNC_MODE_BUCKETS, T.WEIGHT_SYNC_MODE_FULL_CHECKPOINT
+
+
+class JobError(Exception):
+    """The job cannot go on; ``code`` is the gRPC status name reported by StartJob/GetJob."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Settings:
+    """What the driver needs from a spec, validated and with the mode's constraints applied."""
+
+    job_id: str
+    mode: int
+    alpha: int
+    admission: common_pb2.AdmissionPolicy
+    batch_size: int
+    group_size: int
+    redundancy: int
+    max_steps: int
+    weight_sync: int
+    checkpoint_every_steps: int
+    batch_timeout: float
+    groups_per_step: int
+
+    @classmethod
+    def from_spec(cls, spec: T.TrainerJobSpec, cfg: TrainerConfig) -> Settings:
+        def bad(msg: str) -> JobError:
+            return JobError("INVALID_ARGUMENT", msg)
+
+        if spec.job_id != cfg.job_id:
+            raise JobError(
+                "FAILED_PRECONDITION",
+                f"this trainer publishes for job {cfg.job_id!r} (its relays and actors share that id and key); "
+                f"the spec names {spec.job_id!r}",
+            )
+        if not spec.model:
+            raise bad("spec.model is required (a checkpoint directory or a Hugging Face name)")
+        if not (spec.endpoints.ledger or cfg.ledger):
+            raise bad("no ledger endpoint: set spec.endpoints.ledger or the trainer's ledger config key")
+        if spec.model.startswith(("/", "./", "../")) and not (Path(spec.model) / "config.json").is_file():
+            raise bad(f"spec.model {spec.model} is not a checkpoint directory (no config.json)")
+        if spec.batch_size < 1 or spec.group_size < 1:
+            raise bad("batch_size and group_size must be >= 1")
+        if spec.batch_size % spec.group_size:
+            raise bad(f"batch_size ({spec.batch_size}) must be a multiple of group_size ({spec.group_size})")
+        if spec.alpha < 0 or spec.redundancy < 0 or spec.max_steps < 0:
+            raise bad("alpha, redundancy and max_steps must be >= 0")
+        mode = spec.mode or ASYNC
+        alpha = {SYNC: 0, ONE_OFF: 1}.get(mode, spec.alpha)
+        admission = spec.admission or common_pb2.ADMISSION_POLICY_BOUNDED
+        if mode == ONE_OFF:
+            admission = common_pb2.ADMISSION_POLICY_BOUNDED  # trajectories may cross one version boundary
+        if mode == AREAL:
+            admission = common_pb2.ADMISSION_POLICY_AT_START  # staleness bounded at trajectory start only
+        ws = spec.publish.weight_sync or DELTA
+        if ws != DELTA and not spec.publish.checkpoint_store and ws == FULL:
+            raise bad("weight_sync FULL_CHECKPOINT needs publish.checkpoint_store")
+        timeout = _seconds(spec.batch_timeout) if spec.HasField("batch_timeout") else cfg.batch_timeout_seconds
+        if timeout <= 0:
+            raise bad("batch_timeout must be > 0")
+        return cls(
+            job_id=spec.job_id,
+            mode=mode,
+            alpha=alpha,
+            admission=admission,
+            batch_size=spec.batch_size,
+            group_size=spec.group_size,
+            redundancy=spec.redundancy,
+            max_steps=spec.max_steps,
+            weight_sync=ws,
+            checkpoint_every_steps=max(spec.checkpoint.every_steps, 1),
+            batch_timeout=timeout,
+            groups_per_step=spec.batch_size // spec.group_size,
+        )
