@@ -14,64 +14,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rollart.runtime import errors, ids
+from rollart.runtime import errors
 from rollart.runtime.telemetry import log_fields
 from rollart.runtime.timeutil import duration
 from rollart.v1 import common_pb2, envmanager_pb2
 
+from . import validators
 from .envs.registry import TaskConfig
 from .episode import INFRA, Episode, InfraFailure
 from .manager import Group, Manager
 
 log = logging.getLogger(__name__)
 
-MAX_PROMPTS = 1024
-MAX_SAMPLES = 64
-MAX_EPISODES = 4096
-MAX_CONCURRENCY = 256
-DEFAULT_CONCURRENCY = 8
-MAX_OPTIONS = 64  # per prompt
-MAX_TEXT = 1 << 20
-# Trajectory ids are eval-<evaluation_id>-p<prompt>-s<sample>: room for the suffix within the id rule.
-ID_ROOM = 30
-
-
-def check_request(req: envmanager_pb2.EvaluateRequest) -> None:
-    """Field checks that need no environment registry: INVALID_ARGUMENT naming the field."""
-    ids.check_id("evaluation_id", req.evaluation_id, required=False, max_chars=ids.MAX_ID_CHARS - ID_ROOM)
-    if not req.HasField("env") or not req.env.environment:
-        raise errors.InvalidArgument("env.environment", "is required")
-    n = len(req.prompts)
-    if n == 0:
-        raise errors.InvalidArgument("prompts", "is required (at least one held-out prompt)")
-    if n > MAX_PROMPTS:
-        raise errors.InvalidArgument("prompts", f"at most {MAX_PROMPTS} prompts, got {n}")
-    k = req.samples_per_prompt
-    if not 1 <= k <= MAX_SAMPLES:
-        raise errors.InvalidArgument("samples_per_prompt", f"must be in [1, {MAX_SAMPLES}], got {k}")
-    if n * k > MAX_EPISODES:
-        raise errors.InvalidArgument(
-            "samples_per_prompt", f"{n} prompts x {k} samples = {n * k} episodes, more than {MAX_EPISODES}")
-    if not 0 <= req.concurrency <= MAX_CONCURRENCY:
-        raise errors.InvalidArgument("concurrency", f"must be in [0, {MAX_CONCURRENCY}] (0: {DEFAULT_CONCURRENCY})")
-    if not math.isfinite(req.pass_threshold):
-        raise errors.InvalidArgument("pass_threshold", "must be a finite number (0: 1.0)")
-    for i, p in enumerate(req.prompts):
-        if len(p.options) > MAX_OPTIONS:
-            raise errors.InvalidArgument(f"prompts[{i}].options", f"at most {MAX_OPTIONS} options")
-        if any(len(key) > 256 or len(v) > MAX_TEXT for key, v in p.options.items()):
-            raise errors.InvalidArgument(f"prompts[{i}].options", "keys of at most 256 characters, values of 1 MiB")
-        if len(p.prompt_text) > MAX_TEXT:
-            raise errors.InvalidArgument(f"prompts[{i}].prompt_text", "is too long (1 MiB at most)")
-        if len(p.metadata) > MAX_OPTIONS or any(len(v) > MAX_TEXT for v in p.metadata.values()):
-            raise errors.InvalidArgument(f"prompts[{i}].metadata", f"at most {MAX_OPTIONS} entries of 1 MiB")
+DEFAULT_CONCURRENCY = validators.EVAL_DEFAULT_CONCURRENCY
 
 
 @dataclass
@@ -103,6 +64,10 @@ class Evaluator:
     def _specs(self, req: envmanager_pb2.EvaluateRequest) -> list[tuple[envmanager_pb2.EnvironmentSpec, TaskConfig]]:
         """One (EnvironmentSpec, TaskConfig) per prompt; checked once per distinct option set."""
         by_options: dict[tuple[tuple[str, str], ...], tuple[envmanager_pb2.EnvironmentSpec, TaskConfig]] = {}
+        try:  # the task's own environment first: its errors name env
+            by_options[()] = (req.env, self.configure(req.env))
+        except errors.InvalidArgument as exc:
+            raise errors.InvalidArgument(exc.field or "env", exc.message) from None
         out = []
         for i, p in enumerate(req.prompts):
             key = tuple(sorted(p.options.items()))
@@ -113,13 +78,12 @@ class Evaluator:
                 try:
                     by_options[key] = (env, self.configure(env))
                 except errors.InvalidArgument as exc:
-                    where = f"prompts[{i}].options" if p.options else (exc.field or "env")
-                    raise errors.InvalidArgument(where, exc.message) from None
+                    raise errors.InvalidArgument(f"prompts[{i}].options", exc.message) from None
             out.append(by_options[key])
         return out
 
     async def run(self, req: envmanager_pb2.EvaluateRequest) -> envmanager_pb2.EvaluateResponse:
-        check_request(req)
+        validators.check_evaluate(req)
         specs = self._specs(req)
         eval_id = req.evaluation_id or f"e{uuid.uuid4().hex[:16]}"
         n = req.samples_per_prompt
@@ -239,4 +203,4 @@ def fill(resp: envmanager_pb2.EvaluateResponse, results: list[_Result], threshol
                           tokens_generated=r.tokens, versions=list(r.versions))
 
 
-__all__ = ["Evaluator", "check_request", "fill"]
+__all__ = ["Evaluator", "fill"]

@@ -27,6 +27,7 @@ from .convert import list_environments
 from .envs.base import EnvConfigError, UnknownEnvironment
 from .envs.registry import TaskConfig
 from .episode import INFRA, Episode, InfraFailure, new_trajectory_id, now_ts
+from .evaluation import Evaluator
 from .manager import Group, Manager
 from .sandbox import availability
 
@@ -255,6 +256,10 @@ class EnvManagerService(envmanager_pb2_grpc.EnvManagerServicer):
         log.info("episode run", extra=log_fields(trajectory_id=tid, environment=config.environment,
                                                   turns=len(traj.turns)))
         return resp
+
+    async def Evaluate(self, request: envmanager_pb2.EvaluateRequest, context) -> envmanager_pb2.EvaluateResponse:
+        # Validation: the episode loop without the ledger (evaluation.py); checks in validators.check_evaluate.
+        return await Evaluator(self.manager, self._config).run(request)
 
     async def GetStatus(self, request, context) -> envmanager_pb2.EnvManagerStatus:
         return self.manager.status()

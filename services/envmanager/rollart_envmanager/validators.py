@@ -130,3 +130,47 @@ def check_run_episode(request: envmanager_pb2.RunEpisodeRequest, trajectory_id: 
     if len(request.prompt_text) > MAX_TEXT:
         raise invalid("prompt_text", "prompt_text is too long")
     return tid
+
+
+# Evaluate's bounds: prompts, samples of each, episodes in all, episodes at once, options and metadata per prompt.
+EVAL_MAX_PROMPTS = 1024
+EVAL_MAX_SAMPLES = 64
+EVAL_MAX_EPISODES = 4096
+EVAL_MAX_CONCURRENCY = 256
+EVAL_DEFAULT_CONCURRENCY = 8
+EVAL_MAX_OPTIONS = 64
+# Its trajectory ids are eval-<evaluation_id>-p<prompt>-s<sample>: room for the suffix within the id rule.
+EVAL_ID_ROOM = 30
+
+
+def check_evaluate(req: envmanager_pb2.EvaluateRequest) -> None:
+    """Validation requests: bounded prompts, samples and episodes (the environment is resolved next)."""
+    ids.check_id("evaluation_id", req.evaluation_id, required=False, max_chars=ids.MAX_ID_CHARS - EVAL_ID_ROOM)
+    if not req.HasField("env") or not req.env.environment:
+        raise errors.InvalidArgument("env.environment", "is required")
+    n = len(req.prompts)
+    if n == 0:
+        raise errors.InvalidArgument("prompts", "is required (at least one held-out prompt)")
+    if n > EVAL_MAX_PROMPTS:
+        raise errors.InvalidArgument("prompts", f"at most {EVAL_MAX_PROMPTS} prompts, got {n}")
+    k = req.samples_per_prompt
+    if not 1 <= k <= EVAL_MAX_SAMPLES:
+        raise errors.InvalidArgument("samples_per_prompt", f"must be in [1, {EVAL_MAX_SAMPLES}], got {k}")
+    if n * k > EVAL_MAX_EPISODES:
+        raise errors.InvalidArgument(
+            "samples_per_prompt", f"{n} prompts x {k} samples = {n * k} episodes, more than {EVAL_MAX_EPISODES}")
+    if not 0 <= req.concurrency <= EVAL_MAX_CONCURRENCY:
+        raise errors.InvalidArgument(
+            "concurrency", f"must be in [0, {EVAL_MAX_CONCURRENCY}] (0: {EVAL_DEFAULT_CONCURRENCY})")
+    if not math.isfinite(req.pass_threshold):
+        raise errors.InvalidArgument("pass_threshold", "must be a finite number (0: 1.0)")
+    for i, p in enumerate(req.prompts):
+        if len(p.options) > EVAL_MAX_OPTIONS:
+            raise errors.InvalidArgument(f"prompts[{i}].options", f"at most {EVAL_MAX_OPTIONS} options")
+        if any(len(value) > MAX_TEXT for value in p.options.values()):
+            raise errors.InvalidArgument(f"prompts[{i}].options", "values of at most 1 MiB")
+        _options(f"prompts[{i}].options", p.options)
+        if len(p.prompt_text) > MAX_TEXT:
+            raise errors.InvalidArgument(f"prompts[{i}].prompt_text", "is too long (1 MiB at most)")
+        if len(p.metadata) > EVAL_MAX_OPTIONS or any(len(value) > MAX_TEXT for value in p.metadata.values()):
+            raise errors.InvalidArgument(f"prompts[{i}].metadata", f"at most {EVAL_MAX_OPTIONS} entries of 1 MiB")
