@@ -21,6 +21,7 @@ declare -A APT_FOR=(
   [docker-compose]=docker-compose  # validates docker-compose.yml in the tests, runs `make compose-smoke`
   [mmdebstrap]=mmdebstrap        # `make images` without a registry: local Debian base and redis images
   [luacheck]=lua-check            # lints the ledger's Lua scripts (tests/unit/ledger/test_lua_loading.py)
+  [promtool]=prometheus          # `rollart up --with-prometheus`; promtool checks deploy/prometheus (docs/tracking.md)
 )
 missing=()
 for bin in "${!APT_FOR[@]}"; do
@@ -58,7 +59,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 else
   ENGINE_EXTRA=cpu
 fi
-targets=(-e libs)
+targets=(-e "libs[tracking]")  # tracking: TensorBoard, W&B and MLflow clients for `rollart run` (docs/tracking.md)
 for pyproject in services/*/pyproject.toml; do
   dir=$(dirname "$pyproject")
   if [[ "$dir" == services/actor ]]; then

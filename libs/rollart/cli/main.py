@@ -1,6 +1,7 @@
 """The ``rollart`` command line.
 
 rollart up [--only SERVICE ...]     start a local cluster (private redis + services) as processes
+rollart up --with-prometheus        ... and Prometheus scraping every service (docs/tracking.md)
 rollart status [--json]             health of every service of the local cluster
 rollart down                        stop it, leaving no process behind
 rollart health --address HOST:PORT  exit 0 iff the gRPC health service answers SERVING (container probes)
@@ -64,6 +65,15 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"rollart up: {exc}", file=sys.stderr)
         return 1
     print(f"cluster state: {_state_dir(args) / 'state.json'}   (stop with `rollart down`)")
+    if args.with_prometheus:  # scrapes every service of the cluster (docs/tracking.md)
+        from rollart.job import monitoring
+
+        try:
+            prom = monitoring.start(_state_dir(args))
+        except ProcessError as exc:
+            print(f"rollart up: prometheus: {exc}", file=sys.stderr)
+            return 1
+        print(f"prometheus: {prom['url']}   (config {prom['config']})")
     if args.supervise:
         from rollart.local.supervisor import supervise
 
@@ -76,7 +86,10 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    return 0 if local.down(_state_dir(args)) else 1
+    from rollart.job import monitoring
+
+    prometheus_gone = monitoring.stop(_state_dir(args))  # `up --with-prometheus`: none otherwise
+    return 0 if local.down(_state_dir(args)) and prometheus_gone else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -212,6 +225,7 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="start a local cluster as processes")
     p.add_argument("--only", nargs="+", metavar="SERVICE", choices=local.SERVICE_NAMES, help="start only these")
     p.add_argument("--supervise", action="store_true", help="stay in the foreground and restart any process that dies")
+    p.add_argument("--with-prometheus", action="store_true", help="also start Prometheus scraping every service")
     p.set_defaults(func=cmd_up)
     p = sub.add_parser("down", help="stop the local cluster")
     p.set_defaults(func=cmd_down)

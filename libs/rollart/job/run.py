@@ -63,6 +63,7 @@ from .summary import improvement, ratio_of
 from .task_checks import rule_text
 from .task_checks import scorer_problem as _scorer_problem
 from .timeline import plot_timeline
+from .tracking import RunTracking
 
 # Imported from here by tests, benchmarks and the CLI.
 __all__ = [
@@ -142,6 +143,8 @@ class Runner:
         self.loops_requests: list[tuple[str, envmanager_pb2.StartLoopsRequest]] = []
         # actor instance -> (pool, kind): which tasks lose their only actors when the supervisor gives up on one.
         self.instance_pools: dict[str, tuple[str, str]] = {}
+        # TensorBoard / W&B / MLflow, samples, Prometheus targets: the tracking section checked before anything starts.
+        self.tracking = RunTracking(data, opts.out_dir, self.spec.job_id, fresh=opts.fresh, say=self.say)
 
     def say(self, text: str) -> None:
         if hasattr(self, "progress"):
@@ -227,6 +230,7 @@ class Runner:
         if not spec.publish.mooncake_master and self.state.get("mooncake"):
             spec.publish.mooncake_master = self.state["mooncake"]["address"]
         spec.metrics_path = str((out / "metrics.jsonl").resolve())
+        self.tracking.start(self.state_dir, self.state, self.token, spec.batch_size)
         if not self.env_spec.task:
             self.env_spec.task = spec.prompts.task or self.env_spec.environment
         if not spec.prompts.task:
@@ -310,6 +314,7 @@ class Runner:
                 call = stub.WatchJob(T.WatchTrainerJobRequest(from_step=seen + 1), timeout=None)
                 async for ev in call:
                     kind = ev.WhichOneof("event")
+                    await self.tracking.on_event(ev)  # the one call site of every tracking backend
                     if kind == "job":
                         self.job = ev.job
                         if ev.job.state == T.TRAINER_JOB_STATE_FAILED:
@@ -487,6 +492,7 @@ class Runner:
         state = T.TrainerJobState.Name(self.job.state).removeprefix("TRAINER_JOB_STATE_") if self.job else "UNKNOWN"
         what = " + ".join(t.name for t in self.tasks) if self.tasks else self.env_spec.environment
         title = f"{self.spec.job_id}: {what} ({T.StepMode.Name(self.spec.mode or 3)[10:].lower()})"
+        self.tracking.close(ok=state == "COMPLETED")
         plotted = bool(records) and plot_rewards(records, out / "reward.png", title)
         timeline = bool(records) and plot_timeline(records, out / "timeline.png", title + ": where the time goes")
         acc = records[-1].get("accounting_total", {}) if records else {}
@@ -568,6 +574,8 @@ class Runner:
         return out
 
     def teardown(self) -> None:
+        self.tracking.close(ok=False)  # no-op after finish(); an interrupted set-up still closes its runs
+        self.tracking.stop()
         if self.state_dir.exists() and local.read_state(self.state_dir):
             ok = local.down(self.state_dir, log=lambda line: None)
             print(

@@ -153,7 +153,7 @@ def metric_names(record: Mapping[str, Any]) -> dict[str, float]:
 
 # --------------------------------------------------------------------------------------------- settings
 
-KEYS = ("enabled", "tensorboard", "wandb", "mlflow", "samples")
+KEYS = ("enabled", "tensorboard", "wandb", "mlflow", "samples", "prometheus")
 WANDB_KEYS = ("enabled", "project", "entity", "name", "tags", "mode", "id", "group", "notes")
 MLFLOW_KEYS = ("enabled", "tracking_uri", "experiment", "run_name", "run_id", "tags")
 SAMPLES_KEYS = ("every", "per_task", "max_chars")
@@ -188,6 +188,7 @@ class TrackingSettings:
     samples_every: int = 5  # steps between sampled trajectories (and step 1); 0: none
     samples_per_task: int = 4
     samples_max_chars: int = 2000  # of each observation / action in a sample
+    prometheus: bool = False  # rollart run: start Prometheus on the run's cluster (rollart.job.monitoring)
 
 
 def _mapping(raw: Any, where: str, keys: tuple[str, ...]) -> dict[str, Any] | None:
@@ -239,6 +240,10 @@ def settings(data: Mapping[str, Any]) -> TrackingSettings:
     if not isinstance(tb, bool):
         raise SpecError(f"tracking.tensorboard: expected true or false, got {tb!r}")
     out.tensorboard = tb
+    prom = section.get("prometheus", False)
+    if not isinstance(prom, bool):
+        raise SpecError(f"tracking.prometheus: expected true or false, got {prom!r}")
+    out.prometheus = prom
     wb = _mapping(section.get("wandb"), "tracking.wandb", WANDB_KEYS)
     if wb is not None:
         tags = wb.get("tags") or []
@@ -644,3 +649,90 @@ class Tracker:
 
 def _line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: " + " ".join(str(exc).split())[:300]
+
+
+# ------------------------------------------------------------------------------------------- rollart run
+
+
+class RunTracking:
+    """What ``rollart run`` calls: settings checked before the cluster starts, then the Prometheus targets of
+    its cluster, the tracker, and each trainer event (step metrics; rollout samples of sampled steps)."""
+
+    # Phases of step s that come after its batch was formed and before the trainer acknowledges it.
+    SAMPLE_PHASES = ("STEP_PHASE_SUSPEND", "STEP_PHASE_TRAIN", "STEP_PHASE_CHECKPOINT")
+
+    def __init__(
+        self, data: Mapping[str, Any], out: Path, job_id: str, *, fresh: bool, say: Callable[[str], None]
+    ) -> None:
+        self.s = settings(data)
+        self.data = data
+        self.out = out
+        self.job_id = job_id
+        self.fresh = fresh
+        self.say = say
+        self.tracker: Tracker | None = None
+        self.state_dir: Path | None = None
+        self.ledger = ""
+        self.token = ""
+        self.batch_size = 0
+        self.asked: set[int] = set()
+
+    def start(self, state_dir: Path, state: dict[str, Any], token: str, batch_size: int) -> None:
+        from . import monitoring
+
+        self.state_dir, self.token, self.batch_size = state_dir, token, batch_size
+        self.ledger = state.get("services", {}).get("ledger", {}).get("address", "")
+        try:  # any Prometheus can scrape the run's cluster from these (docs/tracking.md)
+            monitoring.write_targets(state_dir, state)
+            monitoring.write_config(state_dir)
+            if self.s.prometheus:
+                prom = monitoring.start(state_dir)
+                self.say(f"prometheus       {prom['url']} (targets {monitoring.folder(state_dir) / 'targets.json'})")
+        except Exception as exc:
+            self.say(f"prometheus       did not start ({_line(exc)}); going on without it")
+        self.tracker = Tracker(self.s, self.out, self.job_id, self.data, fresh=self.fresh, log=self.say)
+        self.tracker.start()
+
+    async def on_event(self, ev: Any) -> None:
+        """A TrainerEvent of WatchJob: never raises (tracking must not stop the run's watch)."""
+        if self.tracker is None:
+            return
+        kind = ev.WhichOneof("event")
+        try:
+            if kind == "step_finished":
+                from .metrics import to_record
+
+                self.tracker.log_step(to_record(ev.step_finished))
+            elif kind == "phase":
+                await self._sample(ev.phase.step, ev.phase.phase)
+        except Exception as exc:
+            self.say(f"tracking         {kind} event not tracked ({_line(exc)})")
+
+    async def _sample(self, step: int, phase: int) -> None:
+        from rollart.v1 import trainer_pb2
+
+        from . import samples
+
+        name = trainer_pb2.StepPhase.Name(phase) if phase in trainer_pb2.StepPhase.values() else ""
+        if name not in self.SAMPLE_PHASES or step in self.asked or not sample_step(self.s, step) or not self.ledger:
+            return
+        if self.tracker is None or step <= self.tracker.last_step:  # a resumed run's steps logged before
+            return
+        self.asked.add(step)
+        batch = await samples.read_batch(self.ledger, self.token, step, self.batch_size)
+        if batch is None:
+            self.say(f"tracking         step {step}: its batch was acknowledged before it could be sampled")
+            return
+        self.tracker.log_samples(step, samples.rows(batch, step, self.s.samples_per_task, self.s.samples_max_chars))
+
+    def close(self, ok: bool) -> None:
+        if self.tracker is not None:
+            self.tracker.close(ok)
+            self.tracker = None
+
+    def stop(self) -> None:
+        """Stop the run's Prometheus (teardown; nothing when none was started)."""
+        from . import monitoring
+
+        if self.state_dir is not None and not monitoring.stop(self.state_dir):
+            self.say("prometheus       STILL RUNNING")
