@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollart.runtime import errors
+
 from .config import ActorConfig
 
 log = logging.getLogger(__name__)
@@ -44,12 +46,11 @@ EXTENSION = "rollart_actor.worker.ActorWorkerExtension"
 KEEP, WAIT, ABORT = "keep", "wait", "abort"
 
 
-class EngineError(Exception):
-    """A request or control call failed; ``code`` is the gRPC status name to answer with."""
+class EngineError(errors.Coded):
+    """A request or control call failed; ``code`` is the gRPC status name to answer with.
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+    A ``runtime.errors.Coded`` error: raised from a servicer, the server's one mapper ends the call.
+    """
 
 
 @dataclass

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import socket
 import time
@@ -30,7 +29,7 @@ import numpy as np
 from grpc import aio
 
 from rollart.discovery import Registration, resource_manager_channel
-from rollart.runtime import errors, ids
+from rollart.runtime import errors
 from rollart.runtime.telemetry import log_fields
 from rollart.runtime.timeutil import duration as _dur
 from rollart.runtime.timeutil import timestamp as _ts
@@ -38,6 +37,7 @@ from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2, ledger_pb2
 from rollart.v1 import resource_manager_pb2 as rm
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
+from . import validators
 from .config import ActorConfig
 from .engine import ABORT, KEEP, WAIT, ActorEngine, EngineError, Track
 from .ledger_agent import ActorReport, LedgerAgent
@@ -45,8 +45,8 @@ from .weights import HostWeights, WeightError, WeightManager
 
 log = logging.getLogger(__name__)
 
-MAX_ID_CHARS = ids.MAX_ID_CHARS
-MAX_STOP_STRINGS = 16
+MAX_ID_CHARS = validators.MAX_ID_CHARS
+MAX_STOP_STRINGS = validators.MAX_STOP_STRINGS
 PAUSE_MODES = {
     actor_pb2.PAUSE_MODE_UNSPECIFIED: KEEP,
     actor_pb2.PAUSE_MODE_KEEP: KEEP,
@@ -69,32 +69,6 @@ POOL_KINDS = {
     "gpu-compute": common_pb2.POOL_KIND_GPU_COMPUTE,
     "gpu-bandwidth": common_pb2.POOL_KIND_GPU_BANDWIDTH,
 }
-
-
-class BadRequest(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _invalid(message: str) -> BadRequest:
-    return BadRequest("INVALID_ARGUMENT", message)
-
-
-async def _abort(context: aio.ServicerContext, code: str, message: str) -> None:
-    """End the call with status ``code`` (a name): raises the ``runtime.errors`` error the server maps."""
-    raise errors.error_for(code, message)
-
-
-def _check_id(name: str, value: str, required: bool) -> None:
-    """The one id rule (``rollart.runtime.ids``)."""
-    if not value:
-        if required:
-            raise _invalid(f"{name} is required")
-        return
-    why = ids.id_problem(value)
-    if why:
-        raise _invalid(f"{name} {why}")
 
 
 def _template_kwargs(raw: dict[str, str]) -> dict[str, Any]:
@@ -290,21 +264,15 @@ class ActorService(actor_pb2_grpc.ActorServicer):
 
     def _render(self, inp: common_pb2.ModelInput, add_special_tokens: bool) -> tuple[list[int], str]:
         """Token ids of an input (token ids as is; messages through the chat template; raw text)."""
-        kinds = [bool(inp.token_ids), bool(inp.messages), bool(inp.text)]
-        if sum(kinds) != 1:
-            raise _invalid("input must set exactly one of token_ids, messages or text")
+        validators.model_input(inp)
         tok = self.engine.tokenizer
         if inp.token_ids:
             ids = np.asarray(inp.token_ids, dtype=np.int64)
             if int(ids.min()) < 0 or int(ids.max()) >= self.engine.vocab_size:
-                raise _invalid(f"token ids must be in [0, {self.engine.vocab_size})")
+                raise errors.InvalidArgument("input.token_ids", f"token ids must be in [0, {self.engine.vocab_size})")
             return list(inp.token_ids), ""
         if inp.messages:
-            msgs = []
-            for i, m in enumerate(inp.messages):
-                if m.role not in ("system", "user", "assistant", "tool"):
-                    raise _invalid(f"messages[{i}].role must be system, user, assistant or tool, not {m.role!r}")
-                msgs.append({"role": m.role, "content": m.content})
+            msgs = [{"role": m.role, "content": m.content} for m in inp.messages]
             kwargs = _template_kwargs(dict(inp.chat_template_kwargs))
             try:
                 if inp.no_generation_prompt:
@@ -317,45 +285,24 @@ class ActorService(actor_pb2_grpc.ActorServicer):
                 else:
                     rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a template error is the caller's input
-                raise _invalid(f"the chat template failed: {exc}") from None
+                raise errors.InvalidArgument("input.messages", f"the chat template failed: {exc}") from None
             return list(tok.encode(rendered, add_special_tokens=False)), str(rendered)
         return list(tok.encode(inp.text, add_special_tokens=add_special_tokens)), inp.text
 
     def _prepare(self, req: actor_pb2.ActorGenerateRequest) -> tuple[Track, Any, int]:
-        _check_id("request_id", req.request_id, True)
-        _check_id("trajectory_id", req.trajectory_id, False)
+        top_p, top_k, rep = validators.generate(req, priority_scheduling=self.cfg.scheduling_policy == "priority")
         s = req.sampling
-        if s.max_tokens <= 0:
-            raise _invalid("sampling.max_tokens must be > 0")
-        if not math.isfinite(s.temperature) or s.temperature < 0:
-            raise _invalid("sampling.temperature must be >= 0")
-        top_p = 1.0 if s.top_p == 0 else s.top_p
-        if not math.isfinite(top_p) or not 0 < top_p <= 1:
-            raise _invalid("sampling.top_p must be in (0, 1] (0 disables it)")
-        top_k = -1 if s.top_k == 0 else s.top_k
-        if top_k < -1:
-            raise _invalid("sampling.top_k must be >= -1 (0 or -1 disable it)")
-        rep = 1.0 if s.repetition_penalty == 0 else s.repetition_penalty
-        if not math.isfinite(rep) or rep <= 0:
-            raise _invalid("sampling.repetition_penalty must be > 0")
-        if len(s.stop) > MAX_STOP_STRINGS or any(not x for x in s.stop):
-            raise _invalid(f"sampling.stop takes at most {MAX_STOP_STRINGS} non-empty strings")
         if s.stop_token_ids:
             st = np.asarray(s.stop_token_ids, dtype=np.int64)
             if int(st.min()) < 0 or int(st.max()) >= self.engine.vocab_size:
-                raise _invalid(f"sampling.stop_token_ids must be in [0, {self.engine.vocab_size})")
-        if req.chunk_tokens < 0:
-            raise _invalid("chunk_tokens must be >= 0")
-        if req.min_version < 0:
-            raise _invalid("min_version must be >= 0")
-        if req.priority != 0 and self.cfg.scheduling_policy != "priority":
-            raise _invalid("priority needs scheduling_policy: priority on this actor")
+                raise errors.InvalidArgument(
+                    "sampling.stop_token_ids", f"sampling.stop_token_ids must be in [0, {self.engine.vocab_size})"
+                )
         prompt, _ = self._render(req.input, add_special_tokens=False)
         if not prompt:
-            raise _invalid("the input is empty")
+            raise errors.InvalidArgument("input", "the input is empty")
         if len(prompt) >= self.engine.max_model_len:
-            raise BadRequest(
-                "RESOURCE_EXHAUSTED",
+            raise errors.ResourceExhausted(
                 f"the prompt has {len(prompt)} tokens; the context holds {self.engine.max_model_len}",
             )
         extra: dict[str, Any] | None = None
@@ -363,8 +310,7 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         phase = req.pd_phase
         if phase in (actor_pb2.PD_PHASE_PREFILL, actor_pb2.PD_PHASE_DECODE):
             if self.cfg.kv_transfer_config is None:
-                raise BadRequest(
-                    "FAILED_PRECONDITION",
+                raise errors.FailedPrecondition(
                     "this actor has no KV-transfer connector (kv_transfer_config): it runs both phases only",
                 )
             if phase == actor_pb2.PD_PHASE_PREFILL:
@@ -376,14 +322,15 @@ class ActorService(actor_pb2_grpc.ActorServicer):
                 except ValueError:
                     kv = None
                 if not isinstance(kv, dict):
-                    raise _invalid("PD_PHASE_DECODE needs kv_transfer_params_json: the prefill's JSON object")
+                    raise errors.InvalidArgument(
+                        "kv_transfer_params_json",
+                        "PD_PHASE_DECODE needs kv_transfer_params_json: the prefill's JSON object",
+                    )
                 extra = {"kv_transfer_params": kv}
-        elif req.kv_transfer_params_json:
-            raise _invalid("kv_transfer_params_json is only for PD_PHASE_DECODE")
         try:
             params = self._sampling(s, top_p, top_k, rep, max_tokens, req, extra)
         except (ValueError, TypeError) as exc:  # vLLM's own checks of the combination
-            raise _invalid(f"sampling: {exc}") from None
+            raise errors.InvalidArgument("sampling", f"sampling: {exc}") from None
         return Track(req.request_id, req.trajectory_id, prompt), params, int(req.priority)
 
     def _sampling(self, s: Any, top_p: float, top_k: int, rep: float, max_tokens: int, req: Any, extra: Any) -> Any:
@@ -408,25 +355,18 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         self, request: actor_pb2.ActorGenerateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[common_pb2.GenerationChunk]:
         if not self.engine.ready or self.engine.errored:
-            await _abort(context, "UNAVAILABLE", "the inference engine is not running")
+            raise errors.Unavailable("the inference engine is not running")
+        track, params, priority = self._prepare(request)
+        self.engine.register(track)  # EngineError: a runtime.errors.Coded error, mapped by the server
         try:
-            track, params, priority = self._prepare(request)
-            self.engine.register(track)
-        except (BadRequest, EngineError) as exc:
-            await _abort(context, exc.code, str(exc))
-            return
-        try:
-            try:
-                await self.engine.wait_admission(track, context.time_remaining())
-                if not track.finished:
-                    if self.engine.version < request.min_version:
-                        raise EngineError(
-                            "FAILED_PRECONDITION",
-                            f"the active version is {self.engine.version}, the request needs >= {request.min_version}",
-                        )
-                    self.engine.start_request(track, params, priority)
-            except EngineError as exc:
-                await _abort(context, exc.code, str(exc))
+            await self.engine.wait_admission(track, context.time_remaining())
+            if not track.finished:
+                if self.engine.version < request.min_version:
+                    raise EngineError(
+                        "FAILED_PRECONDITION",
+                        f"the active version is {self.engine.version}, the request needs >= {request.min_version}",
+                    )
+                self.engine.start_request(track, params, priority)
             async for chunk in self._stream(track, request, context):
                 yield chunk
         finally:
@@ -448,7 +388,7 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             n = len(track.tokens)
             done = track.finished
             if track.error is not None:
-                await _abort(context, track.error.code, str(track.error))
+                raise track.error
             pending = n - sent
             if not done and (pending == 0 or pending < every):
                 await track.changed.wait()
@@ -486,7 +426,7 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             if done:
                 reason = track.finish_reason or "abort"
                 if reason not in FINISH:
-                    await _abort(context, "INTERNAL", f"generation ended with {reason!r}")
+                    raise errors.Internal(f"generation ended with {reason!r}")
                 chunk.finish_reason = FINISH[reason]
                 chunk.stop_reason = track.stop_reason
                 chunk.usage.CopyFrom(self._usage(track))
@@ -516,12 +456,8 @@ class ActorService(actor_pb2_grpc.ActorServicer):
 
     async def Tokenize(self, request: common_pb2.TokenizeRequest, context: aio.ServicerContext):
         if not self.engine.ready:
-            await _abort(context, "UNAVAILABLE", "the inference engine is not running")
-        try:
-            ids, rendered = self._render(request.input, add_special_tokens=request.add_special_tokens)
-        except BadRequest as exc:
-            await _abort(context, exc.code, str(exc))
-            return
+            raise errors.Unavailable("the inference engine is not running")
+        ids, rendered = self._render(request.input, add_special_tokens=request.add_special_tokens)
         return common_pb2.TokenizeResponse(
             token_ids=ids,
             rendered=rendered,
@@ -530,9 +466,7 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         )
 
     async def Abort(self, request: actor_pb2.ActorAbortRequest, context: aio.ServicerContext):
-        for r in request.request_ids:
-            if len(r) > MAX_ID_CHARS:
-                await _abort(context, "INVALID_ARGUMENT", f"request ids are at most {MAX_ID_CHARS} characters")
+        validators.abort(request)
         aborted = await self.engine.abort(request.request_ids, request.trajectory_ids)
         if aborted:
             log.info("aborted %d requests (%s)", len(aborted), request.reason or "no reason given")
@@ -547,13 +481,7 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         return msg
 
     async def Pause(self, request: actor_pb2.ActorPauseRequest, context: aio.ServicerContext):
-        if request.mode not in PAUSE_MODES:
-            await _abort(context, "INVALID_ARGUMENT", f"unknown pause mode {request.mode}")
-        timeout = None
-        if request.HasField("timeout"):
-            timeout = request.timeout.ToNanoseconds() / 1e9
-            if timeout < 0:
-                await _abort(context, "INVALID_ARGUMENT", "timeout must not be negative")
+        timeout = validators.pause(request)
         remaining = context.time_remaining()
         if remaining is not None:
             timeout = remaining * 0.9 if timeout is None else min(timeout, remaining * 0.9)
@@ -571,11 +499,7 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         accepted = duplicates = 0
         touched: list[int] = []
         async for msg in request_iterator:
-            try:
-                new = self.manager.stage_segment(msg, source="push")
-            except WeightError as exc:
-                await _abort(context, exc.code, str(exc))
-                return
+            new = self.manager.stage_segment(msg, source="push")  # WeightError: mapped by the server
             if new:
                 accepted += 1
             else:
@@ -594,23 +518,14 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         return resp
 
     async def Commit(self, request: actor_pb2.ActorCommitRequest, context: aio.ServicerContext):
+        validators.commit(request)
         order = request.order
-        if order.version < 0:
-            await _abort(context, "INVALID_ARGUMENT", "order.version must be >= 0")
-        if order.hash and len(order.hash) != 32:
-            await _abort(context, "INVALID_ARGUMENT", "order.hash must be 32 bytes (SHA-256)")
         if order.actor_ids and self.actor_id not in order.actor_ids:
-            await _abort(
-                context, "FAILED_PRECONDITION", f"the order is for {list(order.actor_ids)}, not {self.actor_id}"
-            )
+            raise errors.FailedPrecondition(f"the order is for {list(order.actor_ids)}, not {self.actor_id}")
         if request.no_wait:
             self._spawn(self._commit(order))
             return actor_pb2.ActorCommitResponse()
-        try:
-            result, duplicate = await self._commit(order)
-        except WeightError as exc:
-            await _abort(context, exc.code, str(exc))
-            return
+        result, duplicate = await self._commit(order)
         return actor_pb2.ActorCommitResponse(result=result, duplicate=duplicate)
 
     async def _commit(self, order: common_pb2.CommitOrder) -> tuple[actor_pb2.WeightUpdateResult, bool]:
@@ -623,63 +538,37 @@ class ActorService(actor_pb2_grpc.ActorServicer):
 
     async def LoadCheckpoint(self, request: actor_pb2.LoadCheckpointRequest, context: aio.ServicerContext):
         assert self.manager is not None and self.host is not None
-        if not request.uri:
-            await _abort(context, "INVALID_ARGUMENT", "uri is required")
-        if request.version < 0 or request.replay_to_version < 0:
-            await _abort(context, "INVALID_ARGUMENT", "versions must be >= 0")
-        if request.replay_to_version and request.replay_to_version <= request.version:
-            await _abort(context, "INVALID_ARGUMENT", "replay_to_version must be above version (or 0)")
-        if request.pause_mode not in PAUSE_MODES:
-            await _abort(context, "INVALID_ARGUMENT", f"unknown pause mode {request.pause_mode}")
-        try:
-            return await self.manager.load_checkpoint(
-                request.uri,
-                request.version,
-                hash_=request.hash,
-                replay_to=request.replay_to_version,
-                mode=PAUSE_MODES[request.pause_mode],
-            )
-        except WeightError as exc:
-            await _abort(context, exc.code, str(exc))
+        validators.load_checkpoint(request)
+        return await self.manager.load_checkpoint(
+            request.uri,
+            request.version,
+            hash_=request.hash,
+            replay_to=request.replay_to_version,
+            mode=PAUSE_MODES[request.pause_mode],
+        )
 
     async def PullBuckets(self, request: actor_pb2.PullBucketsRequest, context: aio.ServicerContext):
         assert self.manager is not None
         master = request.mooncake_master or self.weight_source.mooncake_master
-        if request.version < 0:
-            await _abort(context, "INVALID_ARGUMENT", "version must be >= 0")
-        if request.hash and len(request.hash) != 32:
-            await _abort(context, "INVALID_ARGUMENT", "hash must be 32 bytes (SHA-256)")
+        validators.pull_buckets(request)
         if not master:
-            await _abort(context, "FAILED_PRECONDITION", "no Mooncake master (mooncake_master) is configured")
-        if request.pause_mode not in PAUSE_MODES:
-            await _abort(context, "INVALID_ARGUMENT", f"unknown pause mode {request.pause_mode}")
-        try:
-            return await self.manager.pull_buckets(
-                master,
-                request.version,
-                hash_=request.hash,
-                bucket_keys=list(request.bucket_keys),
-                apply=request.apply,
-                mode=PAUSE_MODES[request.pause_mode],
-            )
-        except WeightError as exc:
-            await _abort(context, exc.code, str(exc))
+            raise errors.FailedPrecondition("no Mooncake master (mooncake_master) is configured")
+        validators.pause_mode(request.pause_mode, "pause_mode")
+        return await self.manager.pull_buckets(
+            master,
+            request.version,
+            hash_=request.hash,
+            bucket_keys=list(request.bucket_keys),
+            apply=request.apply,
+            mode=PAUSE_MODES[request.pause_mode],
+        )
 
     async def ResetPrefixCache(self, request: actor_pb2.ResetPrefixCacheRequest, context: aio.ServicerContext):
         return actor_pb2.ResetPrefixCacheResponse(reset=await self.engine.reset_prefix_cache())
 
     async def SetWeightSource(self, request: actor_pb2.SetWeightSourceRequest, context: aio.ServicerContext):
         src = request.source
-        from rollart.runtime.config import _check_address
-
-        try:
-            for ep in [src.relay_endpoint, *src.fallback_endpoints, src.mooncake_master]:
-                if ep:
-                    _check_address(ep)
-        except ValueError as exc:
-            await _abort(context, "INVALID_ARGUMENT", str(exc))
-        if src.streams < 0 or src.streams > 64:
-            await _abort(context, "INVALID_ARGUMENT", "streams must be in [0, 64]")
+        validators.weight_source(src)
         new = actor_pb2.WeightSource(
             relay_endpoint=src.relay_endpoint,
             fallback_endpoints=src.fallback_endpoints,
@@ -691,10 +580,7 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         assert self.manager is not None
         await self.manager.unfollow()
         if new.relay_endpoint:
-            try:
-                self._follow_relay()
-            except WeightError as exc:
-                await _abort(context, exc.code, str(exc))
+            self._follow_relay()  # WeightError: mapped by the server
         return self._weight_source_proto()
 
     def _weight_source_proto(self) -> actor_pb2.WeightSource:

@@ -53,6 +53,7 @@ from prometheus_client import Counter, Gauge
 
 from rollart.delta import Delta, ParamMap, WeightSet, apply_delta, load_safetensors, save_safetensors
 from rollart.delta.errors import DeltaError, IncompatibleTargetError
+from rollart.runtime import errors
 from rollart.runtime.timeutil import duration as _dur
 from rollart.runtime.timeutil import timestamp as _ts
 from rollart.v1 import actor_pb2, common_pb2
@@ -73,12 +74,11 @@ BUCKET_PULL_HIDDEN = Gauge(
 )
 
 
-class WeightError(Exception):
-    """A weight operation was refused; ``code`` is the gRPC status name. Nothing was changed."""
+class WeightError(errors.Coded):
+    """A weight operation was refused; ``code`` is the gRPC status name. Nothing was changed.
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+    A ``runtime.errors.Coded`` error: raised from a servicer, the server's one mapper ends the call.
+    """
 
 
 # ---------------------------------------------------------------------------------------------------------
