@@ -28,7 +28,7 @@ from prometheus_client import Counter, Gauge
 
 from rollart.delta import segment as sg
 from rollart.delta.errors import DeltaError
-from rollart.runtime import timeutil
+from rollart.runtime import errors, timeutil
 from rollart.v1 import common_pb2, relay_pb2
 
 from . import transport as tp
@@ -41,12 +41,8 @@ HUB_CACHE_BYTES = Gauge("rollart_weights_hub_cache_bytes", "Bytes of cached delt
 HUB_VERSIONS = Gauge("rollart_weights_hub_versions", "Versions held by a hub", ["hub"])
 
 
-class HubError(Exception):
-    """A request the hub cannot serve; ``code`` is the gRPC status name to answer with."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+class HubError(errors.Coded):
+    """A request the hub cannot serve; ``code`` is the gRPC status name (``runtime.errors`` maps it)."""
 
 
 def _ts(seconds: float | None) -> Timestamp | None:

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from rollart.delta import Delta, DeltaStager, WeightSet
 from rollart.delta import segment as sg
 from rollart.delta.errors import BaseMismatchError, DeltaError, IncompatibleTargetError
+from rollart.runtime import errors
 from rollart.v1 import common_pb2
 
 from . import transport as tp
@@ -72,16 +73,16 @@ ARTIFACT = {
 REJECTED_KEPT = 64
 
 
-class StagingError(Exception):
-    """A staging transition was refused; ``code`` is the gRPC status name. Nothing was changed.
+class StagingError(errors.Coded):
+    """A staging transition was refused; ``code`` is the gRPC status name (``runtime.errors`` maps it). Nothing
+    was changed.
 
     ``at``: for a route, the version the chain stops at. ``out_of_range``: the source's cache no longer
     holds the deltas after ``at`` (the owner may load a checkpoint instead).
     """
 
     def __init__(self, code: str, message: str, *, at: int | None = None, out_of_range: bool = False) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(code, message)
         self.at = at
         self.out_of_range = out_of_range
 
