@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollart.runtime import errors
 from rollart.runtime.timeutil import seconds as _seconds
 from rollart.v1 import common_pb2, trainer_pb2
 
@@ -16,12 +17,9 @@ SYNC, ONE_OFF, ASYNC, AREAL = T.STEP_MODE_SYNC, T.STEP_MODE_ONE_OFF, T.STEP_MODE
 DELTA, BUCKETS, FULL = T.WEIGHT_SYNC_MODE_DELTA, T.WEIGHT_SYNC_MODE_BUCKETS, T.WEIGHT_SYNC_MODE_FULL_CHECKPOINT
 
 
-class JobError(Exception):
-    """The job cannot go on; ``code`` is the gRPC status name reported by StartJob/GetJob."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+class JobError(errors.Coded):
+    """The job cannot go on; ``code`` is the gRPC status name reported by StartJob/GetJob (a
+    ``runtime.errors.Coded`` error: raised from the servicer, the server's one mapper ends the call with it)."""
 
 
 @dataclass

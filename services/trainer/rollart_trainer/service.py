@@ -34,11 +34,6 @@ T = trainer_pb2
 _ENDED = (T.TRAINER_JOB_STATE_STOPPED, T.TRAINER_JOB_STATE_COMPLETED, T.TRAINER_JOB_STATE_FAILED)
 
 
-def _status(exc: JobError) -> errors.ServiceError:
-    """The status a job error names (INVALID_ARGUMENT when it names none)."""
-    return errors.error_for(exc.code or "INVALID_ARGUMENT", str(exc))
-
-
 class _RelayFacade(relay_pb2_grpc.RelayServicer):
     """The Relay API of the running job's publisher (UNAVAILABLE between jobs)."""
 
@@ -203,10 +198,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             if cur.spec.job_id == spec.job_id and cur.spec == spec:
                 return cur.job  # idempotent while it runs
             raise errors.FailedPrecondition(f"job {cur.spec.job_id!r} is running; stop it first")
-        try:
-            runner = self._launch(spec)
-        except JobError as exc:
-            raise _status(exc) from None
+        runner = self._launch(spec)  # JobError: a runtime.errors.Coded error, mapped by the server
         return runner.job
 
     async def StopJob(self, request: T.StopJobRequest, context: aio.ServicerContext) -> T.TrainerJob:
@@ -292,10 +284,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
     async def SaveCheckpoint(self, request, context) -> T.CheckpointInfo:
         if self.runner is None:
             raise errors.NotFound("no job was started")
-        try:
-            rec = await self.runner.save_checkpoint(weights_only=request.weights_only)
-        except JobError as exc:
-            raise _status(exc) from None
+        rec = await self.runner.save_checkpoint(weights_only=request.weights_only)
         return rec.to_proto()
 
     async def ListCheckpoints(self, request, context) -> T.ListCheckpointsResponse:
