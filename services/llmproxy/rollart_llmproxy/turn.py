@@ -1,0 +1,161 @@
+"""One turn's parts, shared by the turn pipeline (``core``), the actor table (``actors``) and the APIs: the
+failure that ends a turn with the retryable-status trailing metadata of llmproxy.proto, the request checks, the
+in-flight turn, and a forwarded chunk (the actor's bytes, never re-encoded). See docs/llmproxy.md."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import grpc
+from grpc import aio
+
+from rollart.runtime import errors, ids
+from rollart.v1 import common_pb2
+from rollart.v1 import llmproxy_pb2 as lp
+
+from .router import ActorEntry
+
+MAX_ID = ids.MAX_ID_CHARS  # also the longest task (route) name
+# Trailing metadata of a failed turn (see the retryable-status contract in llmproxy.proto).
+MD_RETRYABLE = "rollart-retryable"
+MD_FAILED_ACTOR = "rollart-failed-actor"
+MD_TOKENS = "rollart-tokens-streamed"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+@dataclass(slots=True)
+class Forward:
+    """One chunk on its way to the caller: the actor's encoded ``GenerationChunk`` as received (``raw``), its
+    parsed form (read for accounting, never re-encoded) and, on a turn's first chunk, the routing decision."""
+
+    raw: bytes
+    chunk: common_pb2.GenerationChunk
+    route: lp.RouteInfo | None = None
+
+    def wire(self) -> bytes:
+        """The encoded ``TrajectoryGenerateResponse`` (route = field 1, chunk = field 2), built around the
+        actor's bytes: byte for byte what serializing ``message()`` gives, without encoding the chunk again."""
+        head = b""
+        if self.route is not None:
+            r = self.route.SerializeToString()
+            head = b"\x0a" + _varint(len(r)) + r
+        return head + b"\x12" + _varint(len(self.raw)) + self.raw
+
+    def message(self) -> lp.TrajectoryGenerateResponse:
+        resp = lp.TrajectoryGenerateResponse(chunk=self.chunk)
+        if self.route is not None:
+            resp.route.CopyFrom(self.route)
+        return resp
+
+
+class TurnError(errors.ServiceError):
+    """Ends a turn with a gRPC status and the retryable-status trailing metadata (llmproxy.proto).
+
+    A ``runtime.errors.ServiceError``: raised from a servicer method, the server's handler wrapper ends the call
+    with it; the OpenAI HTTP API maps it to an HTTP status.
+    """
+
+    code: grpc.StatusCode  # always a status code here (the HTTP API maps it), never a name
+
+    def __init__(self, code: grpc.StatusCode, message: str, trailing: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(
+            message, trailing=trailing or [(MD_RETRYABLE, "true" if code == grpc.StatusCode.UNAVAILABLE else "false")]
+        )
+        self.code = code
+
+    @property
+    def retryable(self) -> bool:
+        return self.code == grpc.StatusCode.UNAVAILABLE
+
+
+def invalid(message: str) -> TurnError:
+    return TurnError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def unavailable(message: str, failed_actor: str = "", streamed: int = 0) -> TurnError:
+    md = [(MD_RETRYABLE, "true"), (MD_TOKENS, str(streamed))]
+    if failed_actor:
+        md.append((MD_FAILED_ACTOR, failed_actor))
+    return TurnError(grpc.StatusCode.UNAVAILABLE, message, md)
+
+
+class _ActorFailed(Exception):
+    """The actor failed the turn in a way another actor may not (dead, unreachable, wrong version)."""
+
+    def __init__(self, actor: ActorEntry, message: str, dead: bool) -> None:
+        super().__init__(message)
+        self.actor = actor
+        self.message = message
+        self.dead = dead
+
+
+def check_id(name: str, value: str, required: bool = True) -> None:
+    """The one id rule (``rollart.runtime.ids``), failing as a non-retryable TurnError."""
+    try:
+        ids.check_id(name, value, required=required)
+    except errors.InvalidArgument as exc:
+        raise invalid(exc.details()) from None
+
+
+def check_input(inp: common_pb2.ModelInput, where: str = "input") -> None:
+    given = sum((bool(inp.token_ids), bool(inp.messages), bool(inp.text)))
+    if given != 1:
+        raise invalid(f"{where} must set exactly one of token_ids, messages or text (got {given})")
+    if inp.token_ids and min(inp.token_ids) < 0:
+        raise invalid(f"{where}.token_ids must not be negative")
+    for i, m in enumerate(inp.messages):
+        if not m.role:
+            raise invalid(f"{where}.messages[{i}].role is required")
+
+
+def check_sampling(s: common_pb2.SamplingParams) -> None:
+    if s.max_tokens <= 0:
+        raise invalid("sampling.max_tokens is required and must be > 0")
+    if s.temperature < 0:
+        raise invalid("sampling.temperature must be >= 0")
+    if not 0 <= s.top_p <= 1:
+        raise invalid("sampling.top_p must be within [0, 1]")
+    if s.top_k < -1:
+        raise invalid("sampling.top_k must be >= -1")
+    if s.repetition_penalty < 0:
+        raise invalid("sampling.repetition_penalty must be >= 0")
+
+
+def prompt_estimate(inp: common_pb2.ModelInput) -> int:
+    """Prompt tokens, exact for token ids, a rough estimate for text (corrected once the actor answers)."""
+    if inp.token_ids:
+        return len(inp.token_ids)
+    if inp.messages:
+        return sum(len(m.content) for m in inp.messages) // 3 + 4 * len(inp.messages)
+    return len(inp.text) // 3 + 1
+
+
+@dataclass(eq=False)
+class Turn:
+    request_id: str
+    trajectory_id: str
+    lease_id: str
+    abort_future: asyncio.Future
+    aborted: bool = False
+    # Set when the proxy cuts the turn because its actor was removed or died (UNAVAILABLE).
+    failed: str = ""
+    actor: ActorEntry | None = None
+    actor_request_id: str = ""
+    call: aio.UnaryStreamCall | None = None
+    streamed: int = 0
+    cut_handle: asyncio.TimerHandle | None = None
+    # PD: prompt tokens the prefill actor computed (not from its prefix cache), for the task's profile.
+    prefill_uncached: int = 0
+
+    def cut(self) -> None:
+        if self.call is not None and not self.call.done():
+            self.call.cancel()
