@@ -17,7 +17,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PLANES = ("weights", "rollout", "control", "protocol")
 #: Commands that are not benchmarks: NAME -> (module, summary).
-TOOLS: dict[str, tuple[str, str]] = {}
+TOOLS = {"results": ("bench._support.results_table", "regenerate the tables of bench/RESULTS.md from bench/results/ (--check: compare)")}
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ one-off, AReaL and async (alpha = 1, 2, 4; or a sweep), and the reward curves of
 same task, seeds, model and hardware.
 
     python -m bench protocol                        # ~40 min on 2 cores
-    python -m bench protocol --record         # also writes "## Trainer and protocol" in bench/RESULTS.md
+    python -m bench protocol --record         # also writes "## Trainer and protocol" in bench/notes/protocol.md
     python -m bench protocol --json out.json        # one object per configuration (see --json)
     python -m bench protocol --alphas 1 2 3 4 6     # the async rows for these alphas (the alpha sweep)
 
@@ -308,7 +308,7 @@ def _cpu_model() -> str:
 
 
 def record(text: str, args: argparse.Namespace, loads: list[float]) -> None:
-    path = ROOT / "bench" / "RESULTS.md"
+    path = ROOT / "bench" / "notes" / "protocol.md"
     head = "## Trainer and protocol"
     if args.epochs != 1 or args.pin:
         what = [f"{args.epochs} epochs per batch"] if args.epochs != 1 else []
@@ -336,7 +336,7 @@ def record(text: str, args: argparse.Namespace, loads: list[float]) -> None:
         f"{', '.join(f'{x:.1f}' for x in loads)} (mostly the cluster's own processes).\n\n"
         f"{text}\n"
     )
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
+    old = path.read_text() if path.exists() else "# Notes\n"
     if head + "\n" in old:  # the whole heading line: the training-heavy section's starts the same way
         start = old.index(head + "\n")
         nxt = old.find("\n## ", start + len(head))
@@ -364,7 +364,7 @@ def main() -> int:
         help="trainer on CPU 0, every other service on CPU 1 (separate hardware for training and rollout)",
     )
     ap.add_argument("--work", type=Path, help="work folder (default bench/out/protocol[-e<epochs>][-pin])")
-    ap.add_argument("--record", action="store_true", help="write the section in bench/RESULTS.md")
+    ap.add_argument("--record", action="store_true", help="write the section in bench/notes/protocol.md")
     ap.add_argument("--json", type=Path, help="write one object per configuration to this file")
     ap.add_argument(
         "--alphas", type=int, nargs="*", help="the async rows for these alphas instead of 1, 2, 4 (the sweep)"

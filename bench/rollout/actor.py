@@ -1,7 +1,7 @@
 """The actor: tokens/s over gRPC vs vLLM in-process, and the pause window of a weight update (tiny model).
 
     python -m bench actor                     # defaults: 32 seqs x 128 tokens, 3 rounds, 5 updates
-    python -m bench actor --record            # also writes the section in bench/RESULTS.md
+    python -m bench actor --record            # also writes the section in bench/notes/actor.md
 
 One run builds the tiny Qwen3 (`rollart-devtools tiny-model`, random weights), starts a real `rollart-actor` process
 and, in this process, a vLLM AsyncLLM with the same engine settings (the baseline). One engine runs at a
@@ -311,7 +311,7 @@ weights, which a delta and a full reload both need, so the two rows differ mainl
 
 
 def record(text: str, args: argparse.Namespace, res: dict) -> None:
-    path = ROOT / "bench" / "RESULTS.md"
+    path = ROOT / "bench" / "notes" / "actor.md"
     head = "## Rollout serving: actor"
     cmd = "`.venv/bin/python -m bench actor --record`" + (
         f" (`--seqs {args.seqs} --tokens {args.tokens} --rounds {args.rounds} --updates {args.updates} "
@@ -327,7 +327,7 @@ def record(text: str, args: argparse.Namespace, res: dict) -> None:
         f"ran meanwhile), so absolute figures are noisy. Engine start: actor {res['actor_start_s']:.1f} s "
         f"(process start to serving), in-process {res['inproc_start_s']:.1f} s.\n\n{text}\n\n{READING}\n"
     )
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
+    old = path.read_text() if path.exists() else "# Notes\n"
     if head in old:
         start = old.index(head)
         nxt = old.find("\n## ", start + len(head))
@@ -354,7 +354,7 @@ def main() -> int:
     ap.add_argument("--updates", type=int, default=5, help="weight updates per kind (delta, full)")
     ap.add_argument("--streams", type=int, default=8, help="requests generating during the updates")
     ap.add_argument("--vllm-cache", help="vLLM model-inspection cache folder to reuse (default: in the work dir)")
-    ap.add_argument("--record", action="store_true", help="write the section in bench/RESULTS.md")
+    ap.add_argument("--record", action="store_true", help="write the section in bench/notes/actor.md")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (actor log, models)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-actor-"))

@@ -39,7 +39,7 @@ Per size, one table row and one point of each curve (PNG next to the JSON):
   (bench/_support/actor_pause.py, shared with bench actor). A size whose actor would not fit in the memory
   available now (about 3x the served bytes + 3 GiB) is skipped and says so in its row.
 
-Not here: real GRPO deltas on the 0.6B shape (``--grpo`` is not implemented; RESULTS.md says what was
+Not here: real GRPO deltas on the 0.6B shape (``--grpo`` is not implemented; bench/notes/weights-transfer.md says what was
 measured instead).
 """
 

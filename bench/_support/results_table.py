@@ -1,0 +1,290 @@
+"""The tables of bench/RESULTS.md, regenerated from the JSON files in bench/results/ (``python -m bench results``).
+
+Each row of a table is one entry of ``ROWS``: the JSON file, a selector into it, a format and the target's text;
+each file is one entry of ``SOURCES``: how it was produced (command, commit, date, machine, load) and the note that
+reads it. ``python -m bench results`` rewrites the tables between the ``<!-- table: PLANE -->`` and
+``<!-- end table -->`` markers; ``--check`` only compares, and fails naming every row that differs
+(tests/unit/bench/test_results_table.py runs it).
+
+Selector: steps joined by ``.``: a key (``runs.this tree``), a list index (``[0]``), or a filter on a list of
+objects (``[config=async-1]``, ``[case=synthetic 1%,method=delta v2]``: exactly one element must match; values
+compare as text). A ``.jsonl`` file is the list of its lines. ``over`` divides by a second selector (a ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parents[1]
+RESULTS_MD = BENCH / "RESULTS.md"
+RESULTS_DIR = BENCH / "results"
+PLANES = {
+    "weights": "Weight plane",
+    "rollout": "Rollout serving",
+    "control": "Control plane",
+    "protocol": "Trainer and step protocol",
+}
+COLUMNS = ("figure", "target", "value", "command", "commit", "date", "machine", "load", "data")
+TRANSCRIBED = "transcribed from the dated note"
+
+
+class SelectorError(ValueError):
+    """A selector that does not resolve in its JSON file (the message names the file, the selector and the step)."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One result file: how it was produced. ``transcribed``: its figures were copied from a dated note (no
+    ``--json`` output of that run exists), so the row says so."""
+
+    command: str
+    commit: str
+    date: str
+    machine: str
+    load: str
+    note: str
+    transcribed: bool = False
+
+
+@dataclass(frozen=True)
+class Row:
+    plane: str
+    figure: str
+    target: str
+    file: str
+    select: str
+    fmt: str
+    over: str | None = None
+
+
+X2 = "2 cores Intel Xeon, 24 GiB"
+
+#: bench/results/<file> -> how it was produced.
+SOURCES: dict[str, Source] = {
+    "codec-synthetic-96m-grpo-pair-218m.json": Source(
+        "python -m bench codec --densities 0.01,0.03,0.1 --repeat 2 --real A B", "f3cbcf3", "2026-12-01", X2, "14-17",
+        "weights-codec.md"),
+    "grpo-deltas-0.6b-4layers.json": Source(
+        "python -m bench grpo-deltas --layers 4 --lrs 1e-6,1e-5 --steps 2", "26bff09", "2026-12-01", X2, "10-27",
+        "weights-codec.md"),
+    "transfer-s1-2-4-40mb.json": Source(
+        "python -m bench transfer --streams 1,2,4 --repeat 5", "f7af414", "2026-12-02", X2, "1.0-1.8",
+        "weights-transfer.md"),
+    "fanout-n1-8-4mb-wan10-run3.json": Source(
+        "python -m bench fanout --n 1,8 --repeat 3 --cpu-mb 0", "f7af414", "2026-12-01", X2, "7-10",
+        "weights-transfer.md"),
+    "weights-scale-tiny-0.6b-1.7b.json": Source(
+        "python -m bench weights-scale", "26bff09", "2026-12-01", X2, "15-25", "weights-transfer.md"),
+    "weights-scale-pause-tiny-0.6b-1.7b-run1.json": Source(
+        "python -m bench weights-scale --only pause", "2cdd817", "2026-12-02", X2 + " (AMX)", "0.0-2.5",
+        "weights-transfer.md"),
+    "llmproxy-vllm-latency.json": Source(
+        "python -m bench llmproxy --baseline-ref bb24a84 --floor relay-yield --latency-only --pairs 100 --cpu-rounds 3",
+        "9a33d99", "2026-12-02", X2 + " (AMX), vLLM-CPU actors pinned", "0.6-1.9", "llmproxy.md"),
+    "affinity-equal-cost-fleets.json": Source(
+        "python -m bench affinity", "416b745", "2026-12-01", X2 + ", roofline-emulated GPUs", "20-28",
+        "affinity.md"),
+    "ledger-clients-1-8-32.jsonl": Source(
+        "python -m bench ledger --seconds 8 --clients 1 8 32", "f7af414", "2026-12-02", X2 + ", redis 7.0.15 AOF always",
+        "1.1-2.0", "ledger.md"),
+    "control-scale-16-1024.jsonl": Source(
+        "python -m bench control-scale --seconds 6", "f068988", "2026-12-01", X2 + " (AMX)", "22-33",
+        "control-scale.md"),
+    "reward-overlap-transcribed.json": Source(
+        "python -m bench reward --batch 128 --mean 2 --repeats 2", "306d9a0", "2026-11-29", "2 cores AMD EPYC, 24 GiB",
+        "2-7", "reward.md", transcribed=True),
+    "env-interaction-b64-transcribed.json": Source(
+        "python -m bench env-interaction", "e7474b3", "2026-11-29", "2 cores AMD EPYC, 24 GiB", "5-10", "envmanager.md",
+        transcribed=True),
+    "redundant-8x8-transcribed.json": Source(
+        "python -m bench redundant", "e7474b3", "2026-11-29", "2 cores AMD EPYC, 24 GiB", "5-10", "envmanager.md",
+        transcribed=True),
+    "protocol-8epochs-pinned.json": Source(
+        "python -m bench protocol --alphas 1 2 3 4 6 --steps 25 --curve-steps 25 --epochs 8 --pin", "dcb00a6",
+        "2026-12-01", X2 + ", trainer on CPU 0, rollout on CPU 1", "see note", "protocol.md"),
+    "protocol-1epoch-pinned.json": Source(
+        "python -m bench protocol --only sync+ one-off areal async-1 --steps 30 --curve-steps 30 --epochs 1 --pin",
+        "dcb00a6", "2026-12-01", X2 + ", trainer on CPU 0, rollout on CPU 1", "see note", "protocol.md"),
+}
+
+#: One line per figure; a table is the rows of its plane, in this order.
+ROWS: list[Row] = [
+    # weights: the delta codec (synthetic Qwen3-shaped 96M bf16 model; a real GRPO pair of 218M)
+    Row("weights", "codec: v2 size / XOR + zstd-1, 1% changed", "<= 1.00x", "codec-synthetic-96m-grpo-pair-218m.json", "[case=synthetic 1%,method=delta v2].size_vs_xor", "{:.3f}x"),
+    Row("weights", "codec: v2 size / XOR + zstd-1, 10% changed", "<= 1.00x", "codec-synthetic-96m-grpo-pair-218m.json", "[case=synthetic 10%,method=delta v2].size_vs_xor", "{:.3f}x"),
+    Row("weights", "codec: v2 size / XOR + zstd-1, real GRPO delta (lr 1e-5, 13.9%)", "<= 1.00x", "codec-synthetic-96m-grpo-pair-218m.json", "[case=real lr1e-05-step2 13.9%,method=delta v2].size_vs_xor", "{:.3f}x"),
+    Row("weights", "codec: v2 encode speed / XOR + zstd-1 (CPU), 1% changed", ">= 2x", "codec-synthetic-96m-grpo-pair-218m.json", "[case=synthetic 1%,method=delta v2].encode_cpu_speedup_vs_xor", "{:.2f}x"),
+    Row("weights", "codec: v2 encode speed / XOR + zstd-1 (CPU), 10% changed", ">= 2x", "codec-synthetic-96m-grpo-pair-218m.json", "[case=synthetic 10%,method=delta v2].encode_cpu_speedup_vs_xor", "{:.2f}x"),
+    Row("weights", "codec: v2 encode CPU, 1% changed (96M params)", "", "codec-synthetic-96m-grpo-pair-218m.json", "[case=synthetic 1%,method=delta v2].encode_cpu_s", "{:.3f} s"),
+    Row("weights", "real GRPO delta lr 1e-6 (0.6B shapes, 4 layers): entries changed, step 1", "", "grpo-deltas-0.6b-4layers.json", "rows.[lr=1e-06,step=1].changed_fraction", "{:.1%}"),
+    Row("weights", "real GRPO delta lr 1e-6: v2 size / XOR + zstd-1, step 1", "<= 1.00x", "grpo-deltas-0.6b-4layers.json", "rows.[lr=1e-06,step=1].codec.delta v2.bytes", "{:.3f}x", "rows.[lr=1e-06,step=1].codec.XOR + zstd-1.bytes"),
+    Row("weights", "striped transfer: S = 4 streams, share of the emulated link", ">= 85%", "transfer-s1-2-4-40mb.json", "runs.this tree.[streams=4].of_link", "{:.0%}"),
+    Row("weights", "striped transfer: S = 4 vs S = 1 speed-up (40 MB, 16 MB/s per flow)", "AuroraRL: 1.62x", "transfer-s1-2-4-40mb.json", "runs.this tree.[streams=4].speedup", "{:.2f}x"),
+    Row("weights", "striped transfer: CPU per GB at S = 4 (sender + emulator + relay)", "", "transfer-s1-2-4-40mb.json", "runs.this tree.[streams=4].cpu_s_per_gb", "{:.1f} s/GB"),
+    Row("weights", "relay fan-out: time N = 8 / N = 1 (cut-through, 4 MB)", "<= 1.3x", "fanout-n1-8-4mb-wan10-run3.json", "links.[mode=cut_through,n=8].vs_n1", "{:.2f}x"),
+    Row("weights", "weights by size, 1.7B shape 1%: v2 size / XOR + zstd-1", "<= 1.00x", "weights-scale-tiny-0.6b-1.7b.json", "sizes.[size=1.7b].codec.delta v2.bytes", "{:.2f}x", "sizes.[size=1.7b].codec.XOR + zstd-1.bytes"),
+    Row("weights", "weights by size, 1.7B shape 1%: v2 encode CPU", "", "weights-scale-tiny-0.6b-1.7b.json", "sizes.[size=1.7b].codec.delta v2.encode_cpu_s", "{:.2f} s"),
+    Row("weights", "weights by size: relay forward CPU per GB (1.7B shape)", "", "weights-scale-tiny-0.6b-1.7b.json", "sizes.[size=1.7b].forward.relay_cpu_s_per_gb", "{:.2f} s/GB"),
+    Row("weights", "actor update pause in vLLM, 0.6B shape, delta on every tensor (server)", "", "weights-scale-pause-tiny-0.6b-1.7b-run1.json", "sizes.[size=0.6b].pause.delta.server_ms", "{:,.0f} ms"),
+    Row("weights", "actor update pause in vLLM, 1.7B shape, delta on every tensor (server)", "", "weights-scale-pause-tiny-0.6b-1.7b-run1.json", "sizes.[size=1.7b].pause.delta.server_ms", "{:,.0f} ms"),
+    Row("weights", "actor update pause in vLLM, 1.7B shape, full checkpoint (server)", "", "weights-scale-pause-tiny-0.6b-1.7b-run1.json", "sizes.[size=1.7b].pause.full.server_ms", "{:,.0f} ms"),
+    # rollout
+    Row("rollout", "LLMProxy: added first-token latency p50 (1 token, vLLM-CPU actors)", "<= 1 ms", "llmproxy-vllm-latency.json", "latency_1.ttft.added_p50", "{:.1f} ms", "1e-3"),
+    Row("rollout", "LLMProxy: added first-token latency p99", "<= 5 ms", "llmproxy-vllm-latency.json", "latency_1.ttft.added_p99", "{:.1f} ms", "1e-3"),
+    Row("rollout", "bare grpc.aio relay (the floor): added first-token latency p50", "", "llmproxy-vllm-latency.json", "latency_1.ttft_relay-yield.added_p50", "{:.1f} ms", "1e-3"),
+    Row("rollout", "LLMProxy: CPU per turn", "", "llmproxy-vllm-latency.json", "latency_1.cpu_ms_per_turn.proxy", "{:.1f} ms"),
+    Row("rollout", "affinity: step time bandwidth-only fleet / mix with the best rule", ">= 1.3x", "affinity-equal-cost-fleets.json", "[config=bandwidth-only].median_step_s", "{:.2f}x", "[config=mix-rule].median_step_s"),
+    Row("rollout", "affinity: step time compute-only fleet / mix with the best rule", ">= 1.12x", "affinity-equal-cost-fleets.json", "[config=compute-only].median_step_s", "{:.2f}x", "[config=mix-rule].median_step_s"),
+    Row("rollout", "affinity: step time automatic routing / the best hand-written rule", "<= 1.05x", "affinity-equal-cost-fleets.json", "[config=mix-auto].median_step_s", "{:.3f}x", "[config=mix-rule].median_step_s"),
+    Row("rollout", "reward as trajectories finish vs after the batch: step speed-up, B = 128", "", "reward-overlap-transcribed.json", "rows.[batch=128,mode=as trajectories finish].speedup", "{:.2f}x"),
+    Row("rollout", "trajectory- vs batch-level environment interaction: step speed-up, sigma/mu = 1", "RollArt: 2.27x", "env-interaction-b64-transcribed.json", "rows.[cv=1].speedup", "{:.2f}x"),
+    Row("rollout", "redundant rollouts, 4 extra members per group of 8: rollout speed-up", "RollArt: up to 1.62x", "redundant-8x8-transcribed.json", "rows.[extra=4].speedup", "{:.2f}x"),
+    # control
+    Row("control", "ledger: lease + settle, batched, 32 clients", "", "ledger-clients-1-8-32.jsonl", "[clients=32,mode=batched].ops_per_s", "{:,.0f} ops/s"),
+    Row("control", "ledger: lease + settle / redis SET, batched, 32 clients", ">= 0.25", "ledger-clients-1-8-32.jsonl", "[clients=32,mode=batched].ratio_vs_set", "{:.3f}"),
+    Row("control", "ledger: lease + settle / redis SET, batched, 8 clients", ">= 0.25", "ledger-clients-1-8-32.jsonl", "[clients=8,mode=batched].ratio_vs_set", "{:.3f}"),
+    Row("control", "ledger: the ledger process's CPU per op, batched, 32 clients", "", "ledger-clients-1-8-32.jsonl", "[clients=32,mode=batched].ledger_cpu_ms_per_op", "{:.2f} ms"),
+    Row("control", "proxy at scale: ops/s with 256 trajectories (simulated actors)", "", "control-scale-16-1024.jsonl", "[component=llmproxy,n=256].ops_per_second", "{:,.0f} ops/s"),
+    Row("control", "envmanager at scale: turns/s with 1,024 loops in one process", "", "control-scale-16-1024.jsonl", "[component=envmanager,n=1024].ops_per_second", "{:,.0f} ops/s"),
+    # protocol (FrozenLake, tiny model, 2 vLLM-CPU actors)
+    Row("protocol", "8 epochs: wasted token fraction, async alpha = 1", "<= 0.10", "protocol-8epochs-pinned.json", "[config=async-1].wasted_token_fraction", "{:.3f}"),
+    Row("protocol", "8 epochs: async-1 step / the overlap limit", "<= 1.15x", "protocol-8epochs-pinned.json", "[config=async-1].step_seconds", "{:.2f}x", "[config=async-1].overlap_limit_seconds"),
+    Row("protocol", "8 epochs: async-1 / sync+ samples per second", ">= 2.0x", "protocol-8epochs-pinned.json", "[config=async-1].samples_per_second", "{:.2f}x", "[config=sync+].samples_per_second"),
+    Row("protocol", "8 epochs: async-1 / sync+ in time to score", ">= 2.0x", "protocol-8epochs-pinned.json", "[config=sync+].time_to_score_seconds", "{:.2f}x", "[config=async-1].time_to_score_seconds"),
+    Row("protocol", "8 epochs: reward over the last 10 steps, async-1", "within 0.05 of sync", "protocol-8epochs-pinned.json", "[config=async-1].reward_last10", "{:.3f}"),
+    Row("protocol", "8 epochs: reward over the last 10 steps, sync", "", "protocol-8epochs-pinned.json", "[config=sync].reward_last10", "{:.3f}"),
+    Row("protocol", "1 epoch: async-1 / one-off samples per second", ">= 1.35x", "protocol-1epoch-pinned.json", "[config=async-1].samples_per_second", "{:.2f}x", "[config=one-off].samples_per_second"),
+]
+
+
+def load(path: Path) -> Any:
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)
+
+
+_STEP = re.compile(r"\[([^\]]*)\]|([^.\[]+)")
+
+
+def steps(selector: str) -> list[str]:
+    out = []
+    for part in _STEP.finditer(selector):
+        if part.group(1) is not None:
+            out.append(f"[{part.group(1)}]")
+        elif part.group(2).strip(". "):
+            out.append(part.group(2))
+    return out
+
+
+def select(data: Any, selector: str, where: str = "") -> Any:
+    """The value ``selector`` names in ``data``; a SelectorError names the step that failed."""
+    node = data
+    for step in steps(selector):
+        if step.startswith("["):
+            inner = step[1:-1]
+            if inner.lstrip("-").isdigit():
+                if not isinstance(node, list) or not -len(node) <= int(inner) < len(node):
+                    raise SelectorError(f"{where}{selector!r}: {step} is not an index of a list here")
+                node = node[int(inner)]
+                continue
+            want = dict(kv.split("=", 1) for kv in inner.split(","))
+            if not isinstance(node, list):
+                raise SelectorError(f"{where}{selector!r}: filter {step} needs a list, found {type(node).__name__}")
+            found = [e for e in node if isinstance(e, dict) and all(str(e.get(k)) == v for k, v in want.items())]
+            if len(found) != 1:
+                raise SelectorError(f"{where}{selector!r}: filter {step} matches {len(found)} elements, not 1")
+            node = found[0]
+        else:
+            if not isinstance(node, dict) or step not in node:
+                raise SelectorError(f"{where}{selector!r}: no key {step!r} here")
+            node = node[step]
+    return node
+
+
+def value(row: Row, results: Path) -> str:
+    where = f"bench/results/{row.file}: "
+    path = results / row.file
+    if not path.is_file():
+        raise SelectorError(f"{where}no such file (row {row.figure!r})")
+    data = load(path)
+    v = select(data, row.select, where)
+    if row.over is not None:
+        # ``over`` is a second selector, or a number (a unit: 1e-3 turns seconds into ms)
+        try:
+            d: Any = float(row.over)
+            v = v / d
+        except ValueError:
+            d = select(data, row.over, where)
+            v = v / d
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        raise SelectorError(f"{where}{row.select!r} is {v!r}, not a number")
+    return row.fmt.format(v)
+
+
+def cells(row: Row, results: Path) -> list[str]:
+    src = SOURCES.get(row.file)
+    if src is None:
+        raise SelectorError(f"bench/results/{row.file}: not in SOURCES (add its command, commit, date, machine, load)")
+    data = f"[{Path(row.file).stem}](results/{row.file}), [note](notes/{src.note})"
+    if src.transcribed:
+        data += f" ({TRANSCRIBED})"
+    return [row.figure, row.target or "-", f"**{value(row, results)}**", f"`{src.command}`", src.commit, src.date,
+            src.machine, src.load, data]
+
+
+def table(plane: str, rows: list[Row] = ROWS, results: Path = RESULTS_DIR) -> str:
+    out = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in rows:
+        if row.plane == plane:
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells(row, results)) + " |")
+    return "\n".join(out)
+
+
+_BLOCK = re.compile(r"(<!-- table: (\w+) -->\n)(.*?)(<!-- end table -->)", re.S)
+
+
+def render(text: str, rows: list[Row] = ROWS, results: Path = RESULTS_DIR) -> str:
+    """``text`` with every marked table regenerated; a plane without markers in ``text`` is an error."""
+    seen = {m.group(2) for m in _BLOCK.finditer(text)}
+    missing = sorted({r.plane for r in rows} - seen)
+    if missing:
+        raise SelectorError(f"RESULTS.md has no '<!-- table: {missing[0]} -->' ... '<!-- end table -->' block")
+    return _BLOCK.sub(lambda m: m.group(1) + table(m.group(2), rows, results) + "\n" + m.group(4), text)
+
+
+def differences(text: str, rows: list[Row] = ROWS, results: Path = RESULTS_DIR) -> list[str]:
+    """The lines of the tables in ``text`` that differ from what the JSON files give (empty: they agree)."""
+    want = render(text, rows, results).splitlines()
+    have = text.splitlines()
+    if len(want) != len(have):
+        return [f"RESULTS.md has {len(have)} lines, the regenerated tables give {len(want)}"]
+    return [f"line {i + 1}: RESULTS.md has\n  {h}\nthe JSON gives\n  {w}" for i, (h, w) in enumerate(zip(have, want))
+            if h != w]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench results", description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="compare only; exit 1 naming each row that differs")
+    ap.add_argument("--file", type=Path, default=RESULTS_MD, help="the markdown file (default bench/RESULTS.md)")
+    args = ap.parse_args(argv)
+    text = args.file.read_text()
+    if args.check:
+        diff = differences(text)
+        print("\n".join(diff) if diff else f"{args.file}: every table agrees with its JSON")
+        return 1 if diff else 0
+    new = render(text)
+    if new != text:
+        args.file.write_text(new)
+    print(f"{args.file}: {sum(1 for r in ROWS)} rows from {len(SOURCES)} files")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
