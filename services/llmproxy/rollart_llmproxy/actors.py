@@ -6,7 +6,6 @@ pipeline (``core.Proxy``) routes over this table. See docs/llmproxy.md."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 
@@ -20,10 +19,10 @@ from rollart.runtime.timeutil import timestamp as _ts
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2
 from rollart.v1 import llmproxy_pb2 as lp
 
-from . import metrics
+from . import metrics, validators
 from .config import LLMProxyConfig
 from .router import DRAINING, HEALTHY, UNHEALTHY, ActorEntry, AutoSettings, Router
-from .turn import Turn, invalid
+from .turn import Turn, TurnError
 
 log = logging.getLogger(__name__)
 
@@ -356,24 +355,22 @@ class ActorTable:
     # --------------------------------------------------------------------------------------------- settings
 
     def set_affinity(self, rules: list[lp.AffinityRule], merge: bool) -> None:
-        from .router import Rule, check_rule
+        from .router import Rule
 
-        seen: set[str] = set()
+        validators.affinity_rules(rules)
         new: dict[str, Rule] = {}
         for i, r in enumerate(rules):
             if r.from_binding:
                 continue  # output-only rules derived from bindings
-            problem = check_rule(r)
-            if problem:
-                raise invalid(f"rules[{i}]: {problem}")
-            if r.task in seen:
-                raise invalid(f"rules[{i}]: task {r.task!r} appears twice")
             if r.pool and not r.allow_fallback and self.cfg.resource_manager and self.synced:
                 # Only a resource manager's view is complete enough to say a pool does not exist.
                 known = set(self.router.pools) | {a.pool for a in self.router.actors.values()}
                 if r.pool not in known:
-                    raise invalid(f"rules[{i}].pool: no pool named {r.pool!r} exists and allow_fallback is false")
-            seen.add(r.task)
+                    raise TurnError(
+                        validators.INVALID,
+                        f"rules[{i}].pool: no pool named {r.pool!r} exists and allow_fallback is false",
+                        field=f"rules[{i}].pool",
+                    )
             new[r.task] = Rule.from_proto(r)
         if merge:
             self.router.rules.update(new)
@@ -392,24 +389,9 @@ class ActorTable:
         return out
 
     def set_pd(self, pools: list[lp.PdPoolConfig], merge: bool) -> None:
-        seen: set[str] = set()
+        validators.pd_pools(pools)
         new: dict[str, lp.PdPoolConfig] = {}
-        for i, p in enumerate(pools):
-            if not p.pool:
-                raise invalid(f"pools[{i}].pool is required")
-            if p.pool in seen:
-                raise invalid(f"pools[{i}]: pool {p.pool!r} appears twice")
-            if p.min_prompt_tokens < 0:
-                raise invalid(f"pools[{i}].min_prompt_tokens must be >= 0")
-            both = set(p.prefill_actor_ids) & set(p.decode_actor_ids)
-            if both:
-                raise invalid(f"pools[{i}]: actors {sorted(both)} are both prefill and decode")
-            if p.kv_connector_config_json:
-                try:
-                    json.loads(p.kv_connector_config_json)
-                except ValueError as exc:
-                    raise invalid(f"pools[{i}].kv_connector_config_json is not JSON: {exc}") from None
-            seen.add(p.pool)
+        for p in pools:
             cfg = lp.PdPoolConfig()
             cfg.CopyFrom(p)
             new[p.pool] = cfg
@@ -423,10 +405,7 @@ class ActorTable:
         return lp.PdRouting(pools=list(self.router.pd.values()))
 
     def set_window(self, window: lp.VersionWindow) -> lp.VersionWindow:
-        if window.min_version < 0 or window.max_version < 0:
-            raise invalid("versions must be >= 0")
-        if window.max_version and window.max_version < window.min_version:
-            raise invalid(f"max_version {window.max_version} is below min_version {window.min_version}")
+        validators.version_window(window)
         self.router.window = lp.VersionWindow(min_version=window.min_version, max_version=window.max_version)
         self.changed()
         return self.router.window

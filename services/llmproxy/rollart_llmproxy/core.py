@@ -26,7 +26,7 @@ from rollart.runtime.timeutil import timestamp as _ts
 from rollart.v1 import actor_pb2, common_pb2
 from rollart.v1 import llmproxy_pb2 as lp
 
-from . import metrics
+from . import metrics, validators
 from .actors import GENERATE_METHOD, PD_ROLE_NAMES, ActorClient, ActorTable
 from .admission import AdmissionGate, AdmissionRefused, AdmissionTimeout
 from .config import LLMProxyConfig
@@ -42,10 +42,6 @@ from .turn import (
     TurnError,
     _ActorFailed,
     _varint,
-    check_id,
-    check_input,
-    check_sampling,
-    invalid,
     prompt_estimate,
     unavailable,
 )
@@ -64,10 +60,6 @@ __all__ = [
     "Turn",
     "TurnError",
     "_varint",
-    "check_id",
-    "check_input",
-    "check_sampling",
-    "invalid",
     "prompt_estimate",
     "unavailable",
 ]
@@ -190,12 +182,12 @@ class Proxy(ActorTable):
     # ------------------------------------------------------------------------------------------- tokenize
 
     async def tokenize(self, task: str, req: common_pb2.TokenizeRequest, timeout: float) -> common_pb2.TokenizeResponse:
-        check_input(req.input, "request.input")
+        validators.model_input(req.input, "request.input")
         if self.tokenizer is not None:
             try:
                 ids, rendered = self.tokenizer.tokenize(req.input, req.add_special_tokens)
             except Exception as exc:  # noqa: BLE001 - template errors are the caller's input
-                raise invalid(f"cannot tokenize: {exc}") from None
+                raise TurnError(validators.INVALID, f"cannot tokenize: {exc}", field="request.input") from None
             return common_pb2.TokenizeResponse(
                 token_ids=ids,
                 rendered=rendered,
@@ -249,24 +241,7 @@ class Proxy(ActorTable):
         return now + budget
 
     def validate(self, req: lp.TrajectoryGenerateRequest) -> None:
-        check_id("trajectory_id", req.trajectory_id)
-        check_id("request_id", req.request_id, required=False)
-        check_id("lease_id", req.lease_id, required=False)
-        check_id("preferred_actor_id", req.preferred_actor_id, required=False)
-        if len(req.task) > MAX_ID:
-            raise invalid(f"task must be at most {MAX_ID} characters")
-        if not req.HasField("input"):
-            raise invalid("input is required")
-        check_input(req.input)
-        if not req.HasField("sampling"):
-            raise invalid("sampling is required (sampling.max_tokens > 0)")
-        check_sampling(req.sampling)
-        if req.min_version < 0:
-            raise invalid("min_version must be >= 0")
-        if req.turn < 0:
-            raise invalid("turn must be >= 0")
-        if not 0 <= req.chunk_tokens <= 1 << 20:
-            raise invalid("chunk_tokens must be >= 0")
+        validators.generate(req)
 
     async def generate(
         self, req: lp.TrajectoryGenerateRequest, time_remaining: float | None = None
@@ -440,7 +415,7 @@ class Proxy(ActorTable):
             try:
                 return self.tokenizer.tokenize(inp)[0]
             except Exception as exc:  # noqa: BLE001 - a template error is the caller's input
-                raise invalid(f"cannot tokenize the input: {exc}") from None
+                raise TurnError(validators.INVALID, f"cannot tokenize the input: {exc}", field="input") from None
         client = self.clients.get(actor.actor_id)
         if client is None:
             raise _ActorFailed(actor, "actor was removed", dead=False)

@@ -14,14 +14,14 @@ import grpc
 from grpc import aio
 
 from rollart.discovery import Registration
-from rollart.runtime.config import _check_address
 from rollart.v1 import common_pb2
 from rollart.v1 import llmproxy_pb2 as lp
 from rollart.v1 import llmproxy_pb2_grpc as lg
 from rollart.v1 import resource_manager_pb2 as rm
 
+from . import validators
 from .config import LLMProxyConfig
-from .core import Proxy, check_id, invalid
+from .core import Proxy
 from .membership import LedgerWatch, ResourceManagerSync, discover
 from .openai_http import OpenAIServer
 
@@ -147,26 +147,21 @@ class LLMProxyService(lg.LLMProxyServicer):
                 yield resp
 
     async def Tokenize(self, request: lp.ProxyTokenizeRequest, context: aio.ServicerContext) -> Any:
-        if not request.HasField("request"):
-            raise invalid("request is required")
+        validators.tokenize(request)
         remaining = context.time_remaining()
         return await self.p.tokenize(request.task, request.request, min(remaining or 30.0, 30.0))
 
     # ------------------------------------------------------------------------------------------ step protocol
 
     async def Suspend(self, request: lp.SuspendRequest, context: aio.ServicerContext) -> lp.AdmissionState:
-        if len(request.reason) > 1000:
-            raise invalid("reason is longer than 1000 characters")
+        validators.suspend(request)
         return self.p.suspend(request.reason, request.step)
 
     async def Resume(self, request: lp.ResumeRequest, context: aio.ServicerContext) -> lp.AdmissionState:
         return self.p.resume()
 
     async def Abort(self, request: lp.ProxyAbortRequest, context: aio.ServicerContext) -> lp.ProxyAbortResponse:
-        if not request.trajectory_ids:
-            raise invalid("trajectory_ids is required")
-        for i, tid in enumerate(request.trajectory_ids):
-            check_id(f"trajectory_ids[{i}]", tid)
+        validators.abort(request)
         return self.p.abort(list(request.trajectory_ids), request.reason[:1000])
 
     async def SetVersionWindow(
@@ -182,13 +177,7 @@ class LLMProxyService(lg.LLMProxyServicer):
         return lp.ListProxyActorsResponse(actors=self.p.list_actors(request.pool))
 
     async def AddActor(self, request: lp.AddProxyActorRequest, context: aio.ServicerContext) -> lp.ProxyActor:
-        check_id("actor_id", request.actor_id)
-        try:
-            _check_address(request.endpoint)
-        except ValueError as exc:
-            raise invalid(f"endpoint: {exc}") from None
-        if request.pd_role not in common_pb2.PdRole.values():
-            raise invalid(f"unknown pd_role {request.pd_role}")
+        validators.add_actor(request)
         self.p.removed_by_hand.discard(request.actor_id)
         entry = self.p.add_actor(
             request.actor_id,
@@ -210,7 +199,7 @@ class LLMProxyService(lg.LLMProxyServicer):
     async def RemoveActor(
         self, request: lp.RemoveProxyActorRequest, context: aio.ServicerContext
     ) -> common_pb2.Nothing:
-        check_id("actor_id", request.actor_id)
+        validators.check_id("actor_id", request.actor_id)
         self.p.remove_actor(request.actor_id, request.abort_in_flight)
         return common_pb2.Nothing()
 

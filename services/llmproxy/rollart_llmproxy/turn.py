@@ -1,6 +1,7 @@
 """One turn's parts, shared by the turn pipeline (``core``), the actor table (``actors``) and the APIs: the
-failure that ends a turn with the retryable-status trailing metadata of llmproxy.proto, the request checks, the
-in-flight turn, and a forwarded chunk (the actor's bytes, never re-encoded). See docs/llmproxy.md."""
+failure that ends a turn with the retryable-status trailing metadata of llmproxy.proto (request checks:
+``validators``), the in-flight turn, and a forwarded chunk (the actor's bytes, never re-encoded).
+See docs/llmproxy.md."""
 
 from __future__ import annotations
 
@@ -57,28 +58,25 @@ class Forward:
         return resp
 
 
-class TurnError(errors.ServiceError):
+class TurnError(errors.Coded):
     """Ends a turn with a gRPC status and the retryable-status trailing metadata (llmproxy.proto).
 
-    A ``runtime.errors.ServiceError``: raised from a servicer method, the server's handler wrapper ends the call
-    with it; the OpenAI HTTP API maps it to an HTTP status.
+    The proxy's ``runtime.errors.Coded`` error: raised from a servicer method, the server's one mapper ends the
+    call with it; the OpenAI HTTP API maps it to an HTTP status. ``field`` names the offending request field of
+    an INVALID_ARGUMENT (trailing metadata ``rollart-field``).
     """
 
     code: grpc.StatusCode  # always a status code here (the HTTP API maps it), never a name
 
-    def __init__(self, code: grpc.StatusCode, message: str, trailing: list[tuple[str, str]] | None = None) -> None:
-        super().__init__(
-            message, trailing=trailing or [(MD_RETRYABLE, "true" if code == grpc.StatusCode.UNAVAILABLE else "false")]
-        )
-        self.code = code
+    def __init__(
+        self, code: grpc.StatusCode, message: str, trailing: list[tuple[str, str]] | None = None, *, field: str = ""
+    ) -> None:
+        md = trailing or [(MD_RETRYABLE, "true" if code == grpc.StatusCode.UNAVAILABLE else "false")]
+        super().__init__(code, message, trailing=md + ([(errors.MD_FIELD, field)] if field else []))
 
     @property
     def retryable(self) -> bool:
         return self.code == grpc.StatusCode.UNAVAILABLE
-
-
-def invalid(message: str) -> TurnError:
-    return TurnError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
 def unavailable(message: str, failed_actor: str = "", streamed: int = 0) -> TurnError:
@@ -96,38 +94,6 @@ class _ActorFailed(Exception):
         self.actor = actor
         self.message = message
         self.dead = dead
-
-
-def check_id(name: str, value: str, required: bool = True) -> None:
-    """The one id rule (``rollart.runtime.ids``), failing as a non-retryable TurnError."""
-    try:
-        ids.check_id(name, value, required=required)
-    except errors.InvalidArgument as exc:
-        raise invalid(exc.details()) from None
-
-
-def check_input(inp: common_pb2.ModelInput, where: str = "input") -> None:
-    given = sum((bool(inp.token_ids), bool(inp.messages), bool(inp.text)))
-    if given != 1:
-        raise invalid(f"{where} must set exactly one of token_ids, messages or text (got {given})")
-    if inp.token_ids and min(inp.token_ids) < 0:
-        raise invalid(f"{where}.token_ids must not be negative")
-    for i, m in enumerate(inp.messages):
-        if not m.role:
-            raise invalid(f"{where}.messages[{i}].role is required")
-
-
-def check_sampling(s: common_pb2.SamplingParams) -> None:
-    if s.max_tokens <= 0:
-        raise invalid("sampling.max_tokens is required and must be > 0")
-    if s.temperature < 0:
-        raise invalid("sampling.temperature must be >= 0")
-    if not 0 <= s.top_p <= 1:
-        raise invalid("sampling.top_p must be within [0, 1]")
-    if s.top_k < -1:
-        raise invalid("sampling.top_k must be >= -1")
-    if s.repetition_penalty < 0:
-        raise invalid("sampling.repetition_penalty must be >= 0")
 
 
 def prompt_estimate(inp: common_pb2.ModelInput) -> int:
