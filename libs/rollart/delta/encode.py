@@ -34,7 +34,7 @@ DENSE_CANDIDATE_FRACTION = 0.25
 # codes small, so dense is considered from a lower fraction, and chosen without finding the positions at all
 # when a sample of the tensor says most of it changed.
 DENSE_CANDIDATE_FRACTION_V3 = 0.125
-DENSE_DIRECT_FRACTION = 0.75
+DENSE_DIRECT_FRACTION = 0.45
 _SAMPLE_ENTRIES = 1 << 16  # entries whose coded size predicts the sparse-vs-dense choice
 _PROBE = 1 << 12  # elements per member compared to estimate the changed fraction
 
@@ -370,7 +370,10 @@ class DeltaWriter:
             and sg.v3_overhead(self.job) + len(rc.leb(count)) + self._pending_bytes + size > self.max_segment_bytes
         ):
             yield from self.flush()
-        self._pending.append((head, p.index_stream, p.value_stream))
+        # A raw stream may be a view of the scratch buffers, which the next tensor reuses: keep a copy.
+        index = p.index_stream if isinstance(p.index_stream, bytes) else bytes(p.index_stream)
+        values = p.value_stream if isinstance(p.value_stream, bytes) else bytes(p.value_stream)
+        self._pending.append((head, index, values))
         self._pending_bytes += size
         self._pending_entries += p.entries
 
