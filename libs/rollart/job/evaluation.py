@@ -53,6 +53,7 @@ from grpc import aio
 from rollart.runtime.client import channel
 from rollart.v1 import envmanager_pb2, envmanager_pb2_grpc, trainer_pb2
 
+from .metrics import read_records
 from .spec import JobTask, SpecError, _duration
 
 EVAL_KEYS = (
@@ -617,6 +618,11 @@ class Validator:
                 eval_seconds=resp.elapsed.ToNanoseconds() / 1e9,
                 retried=errors,
             )
+            self.say(
+                f"validation       {et.task} after step {step}: mean@{et.samples} {resp.mean_at_n:.3f}, "
+                f"pass@{et.samples} {resp.pass_at_n:.3f} ({resp.episodes_scored} episodes, "
+                f"{resp.tokens_generated} tokens, {row['eval_seconds']:.1f}s, v{resp.min_version}-v{resp.max_version})"
+            )
         self.done.add((et.task, step))
         self.latest[et.task] = row
         append_row(self.metrics_path, row)
@@ -632,3 +638,73 @@ class Validator:
             return await stub.Evaluate(et.request(eval_id), timeout=et.timeout)
         finally:
             await ch.close(grace=None)
+
+
+class RunValidation:
+    """``rollart run``'s side of validation: the plan checked when the job file is loaded, the Validator beside
+    the job's watch, the progress text, the last step's evaluation awaited at the end, summary.json's figures."""
+
+    def __init__(
+        self,
+        data: Mapping[str, Any],
+        job: trainer_pb2.TrainerJobSpec,
+        env_spec: envmanager_pb2.EnvironmentSpec,
+        tasks: Sequence[JobTask],
+        metrics_path: Path,
+        *,
+        say: Callable[[str], None] = lambda _s: None,
+    ) -> None:
+        self.plan = eval_plan(data, job, env_spec, tasks)
+        self.job_id = job.job_id or "default"
+        self.last_step = job.max_steps
+        self.metrics_path = metrics_path
+        self.say = say
+        self.validator: Validator | None = None
+        self._task: asyncio.Future[None] | None = None
+        self._stop = asyncio.Event()
+
+    def start(self, state_dir: Path, token: str) -> None:
+        """Starts evaluating (the initial policy first, unless a resumed job already trained steps)."""
+        if not self.plan:
+            return
+        from rollart.local import cluster as local
+
+        def address(name: str) -> str | None:
+            info = local.read_state(state_dir).get("services", {}).get(name)
+            return info["address"] if info else None
+
+        resumed = max((int(r["step"]) for r in read_records(self.metrics_path)), default=0)
+        self.validator = Validator(self.plan, self.job_id, self.metrics_path, address, token,
+                                   last_step=self.last_step, say=self.say)
+        self._stop = asyncio.Event()
+        self._task = asyncio.ensure_future(self.validator.run(self._stop))
+        self.validator.start(resumed)
+
+    def on_step(self, m: trainer_pb2.StepMetrics) -> str:
+        """A finished step: evaluate its policy when due; the progress line's validation text."""
+        if self.validator is None:
+            return ""
+        self.validator.step_finished(m.step, m.finished_at.ToNanoseconds() / 1e9 if m.HasField("finished_at") else 0)
+        return progress_text(self.validator.latest)
+
+    async def close(self, drain: bool) -> None:
+        """Ends validation; with ``drain`` (the job completed) the queued evaluations finish first."""
+        if self._task is None or self.validator is None:
+            return
+        if drain:
+            budget = max(et.timeout * (et.retries + 1) + 10 * et.retries for et in self.plan)
+            if not await self.validator.drain(budget):
+                self.say("validation       the last evaluation did not finish in time; stopped")
+        self._stop.set()
+        self._task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._task
+
+    def rows(self) -> list[dict[str, Any]]:
+        return eval_rows(self.metrics_path) if self.plan else []
+
+    def summary(self, step_records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]] | None:
+        """summary.json's ``validation``: per task (None without an eval section)."""
+        if not self.plan:
+            return None
+        return validation_summary(self.rows(), step_records, self.plan)

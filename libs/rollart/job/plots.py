@@ -9,8 +9,10 @@ from typing import Any
 from .metrics import task_rewards
 
 
-def plot_rewards(records: list[dict[str, Any]], path: Path, title: str) -> bool:
-    """The reward curve (mean ± std per step, and its 10-step moving average) as a PNG."""
+def plot_rewards(records: list[dict[str, Any]], path: Path, title: str,
+                 validation: list[dict[str, Any]] | None = None) -> bool:
+    """The reward curve (mean ± std per step, and its 10-step moving average) as a PNG; with ``validation`` rows
+    (rollart.job.evaluation) the validation curve beside it, on the same steps."""
     try:
         import matplotlib
 
@@ -22,7 +24,13 @@ def plot_rewards(records: list[dict[str, Any]], path: Path, title: str) -> bool:
     mean = [r.get("reward_mean", 0.0) for r in records]
     std = [r.get("reward_std", 0.0) for r in records]
     avg = [sum(mean[max(0, i - 9) : i + 1]) / len(mean[max(0, i - 9) : i + 1]) for i in range(len(mean))]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    if validation:
+        fig, (ax, vax) = plt.subplots(1, 2, figsize=(12, 4), dpi=110, sharex=True)
+        from .evaluation import draw_validation
+
+        draw_validation(vax, validation)
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     lo = [max(m - s, r.get("reward_min", m - s)) for m, s, r in zip(mean, std, records)]
     hi = [min(m + s, r.get("reward_max", m + s)) for m, s, r in zip(mean, std, records)]
     ax.fill_between(steps, lo, hi, alpha=0.15, label="± std (within min..max)")

@@ -24,6 +24,7 @@ class Progress:
         self.task_rewards: dict[str, list[float]] = {}  # multi-task jobs: each task's batch reward by step
         self.phase = ""
         self.last = ""
+        self.validation = ""  # the last validation score of each task (rollart.job.evaluation.progress_text)
 
     def _bar(self, done: int, width: int = 24) -> str:
         if not self.total:
@@ -49,6 +50,7 @@ class Progress:
                 rs.append(m.tasks[task].reward_mean)
                 parts.append(f"{task} {rs[-1]:.3f} (avg10 {sum(rs[-10:]) / len(rs[-10:]):.3f})")
             self.last += " | tasks: " + ", ".join(parts)
+        self.last += self.validation
         self._show(final=not self.tty)
 
     def note(self, text: str) -> None:

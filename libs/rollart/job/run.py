@@ -39,6 +39,7 @@ from rollart.v1 import (
 )
 
 from . import task_checks
+from .evaluation import RunValidation
 from .final_state import final_state
 from .loops import LoopKeeper
 from .metrics import read_records, task_rewards, time_to_score
@@ -143,6 +144,9 @@ class Runner:
         self.loops_requests: list[tuple[str, envmanager_pb2.StartLoopsRequest]] = []
         # actor instance -> (pool, kind): which tasks lose their only actors when the supervisor gives up on one.
         self.instance_pools: dict[str, tuple[str, str]] = {}
+        # Validation on held-out prompts (the eval section, checked here: before anything starts).
+        self.validation = RunValidation(data, self.spec, self.env_spec, self.tasks, opts.out_dir / "metrics.jsonl",
+                                        say=self.say)
         # TensorBoard / W&B / MLflow, samples, Prometheus targets: the tracking section checked before anything starts.
         self.tracking = RunTracking(data, opts.out_dir, self.spec.job_id, fresh=opts.fresh, say=self.say)
 
@@ -321,6 +325,7 @@ class Runner:
                             self.say(f"job failed: {ev.job.error}")
                     elif kind == "step_finished" and ev.step_finished.step > seen:
                         seen = ev.step_finished.step
+                        self.progress.validation = self.validation.on_step(ev.step_finished)
                         self.progress.step(ev.step_finished)
                 if self.job is not None and self.job.state in (
                     T.TRAINER_JOB_STATE_COMPLETED,
@@ -461,6 +466,7 @@ class Runner:
         for sig, why in ((signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated")):
             loop.add_signal_handler(sig, interrupt, why)
         await self.start()
+        self.validation.start(self.state_dir, self.token)
         watch = asyncio.ensure_future(self.watch(stop))
         sup = asyncio.ensure_future(self.supervise(stop))
         stopper = asyncio.ensure_future(stop.wait())
@@ -468,6 +474,7 @@ class Runner:
         done, _ = await asyncio.wait({watch, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if not done:
             self.stop_reason = f"timeout after {self.opts.timeout:.0f}s"
+        await self.validation.close(drain=watch in done and not stop.is_set())  # the last step's evaluation
         stop.set()
         for t in (watch, sup, stopper):
             if not t.done():
@@ -493,7 +500,7 @@ class Runner:
         what = " + ".join(t.name for t in self.tasks) if self.tasks else self.env_spec.environment
         title = f"{self.spec.job_id}: {what} ({T.StepMode.Name(self.spec.mode or 3)[10:].lower()})"
         self.tracking.close(ok=state == "COMPLETED")
-        plotted = bool(records) and plot_rewards(records, out / "reward.png", title)
+        plotted = bool(records) and plot_rewards(records, out / "reward.png", title, self.validation.rows())
         timeline = bool(records) and plot_timeline(records, out / "timeline.png", title + ": where the time goes")
         acc = records[-1].get("accounting_total", {}) if records else {}
         target = self.opts.score_target
@@ -530,6 +537,8 @@ class Runner:
             "wasted_token_fraction": acc.get("wasted_token_fraction", 0.0) if acc else None,
             "score_target": target,
             "time_to_score_seconds": time_to_score(records, target) if target is not None else None,
+            # Per task: the validation score's time and step to its eval score_target, last and best scores.
+            "validation": self.validation.summary(records),
             "model": self.spec.model,
             "final": self.final,
             # Process groups of the cluster (every service is a session leader): all gone after the run.
