@@ -508,8 +508,8 @@ class DeltaEncoder:
 
     ``segments()`` is a generator: each tensor is compared and its segments yielded (v3: as they fill)
     before the next tensor is looked at, so a sender transmits while extraction goes on. Tensors are
-    encoded in ascending order of their engine names. Statistics (``hash``, ``segment_count``...) are on
-    ``self.writer`` once the generator is exhausted.
+    encoded in ascending order of their engine names (every format version). Statistics (``hash``,
+    ``segment_count``...) are on ``self.writer`` once the generator is exhausted.
 
     Versions 2 and 3 (default 3): ``base_hash`` is h(v-1); by default ``base.applied_hash``, and for weights
     that record none, their :func:`~rollart.delta.weights_digest` (the identity of weights no delta produced).
@@ -567,7 +567,7 @@ class DeltaEncoder:
     def segments(self) -> Iterator[bytes]:
         w = self.writer
         w._scratch = acquire_scratch()  # one tensor's intermediates at a time: each is coded before the next
-        order = self.param_map if w.format_version != sg.FORMAT_V3 else sorted(self.param_map, key=lambda t: t.name)
+        order = sorted(self.param_map, key=lambda t: t.name)  # docs/delta-format.md, structure rule 5
         try:
             for et in order:
                 yield from self._tensor(et)
