@@ -2,10 +2,19 @@
 one-off, AReaL and async (alpha = 1, 2, 4; or a sweep), and the reward curves of sync vs async alpha = 1, on the
 same task, seeds, model and hardware.
 
+Time to score on the validation score (issue 25): every run evaluates the policy on the example's held-out maps
+(its ``eval`` section: at the start and every ``eval.every`` steps, mean@4); ``--rows tts`` runs the named row
+set ``TTS_ROWS`` (sync+, and AReaL and async alpha 1, 2, 4, each without and with off-policy correction), every row
+``--seeds`` times (job seed and latency seed 0..N-1) and reports medians over seeds: the validation time to
+score (an unreached seed counts as never: the median is null when most seeds never reach it), the steps to
+score and the final validation score. ``--set KEY=VALUE`` applies a job-file field (``rollart run --set``'s
+syntax) to every row; the rows themselves are such field dicts.
+
     python -m bench protocol                        # ~40 min on 2 cores
     python -m bench protocol --record         # also writes "## Trainer and protocol" in bench/notes/protocol.md
     python -m bench protocol --json out.json        # one object per configuration (see --json)
     python -m bench protocol --alphas 1 2 3 4 6     # the async rows for these alphas (the alpha sweep)
+    python -m bench protocol --pin --epochs 8 --seeds 3 --rows tts --json out.json   # time to score (issue 25)
 
 Every configuration is one `rollart run` of the FrozenLake example (examples/frozenlake.yaml: the warm-started
 tiny Qwen3, two vLLM-CPU actors, 16 environment loops, B = 32, G = 8, the same job seed and prompt seeds) on a
@@ -49,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from rollart.job.metrics import read_records  # noqa: E402
 from rollart.job.run import RunOptions, improvement, run  # noqa: E402
+from rollart.job.spec import apply_overrides  # noqa: E402
 
 # (row, job overrides, weight update, environment interaction)
 CONFIGS = [
@@ -60,6 +70,26 @@ CONFIGS = [
     ("async-4", {"mode": "async", "alpha": 4}, "delta", "trajectory"),
     ("areal", {"mode": "areal", "alpha": 1}, "delta", "trajectory"),
 ]
+# Time to score (--rows tts): each row a dict of job-file fields (rollart run --set paths). Sync+ is the
+# baseline; the corrected rows are the first candidates (AReaL's own decoupled objective; TIS for the async
+# modes), to be replaced by the best configuration measured.
+_SYNC_PLUS = {"job.mode": "sync", "job.alpha": 0, "job.publish.weight_sync": "full_checkpoint",
+              "environment.interaction": "trajectory"}  # fmt: skip
+_DELTA = {"job.publish.weight_sync": "delta", "environment.interaction": "trajectory"}
+TTS_ROWS: list[tuple[str, dict]] = [
+    ("sync+", _SYNC_PLUS),
+    ("areal", {**_DELTA, "job.mode": "areal", "job.alpha": 1}),
+    ("areal+decoupled", {**_DELTA, "job.mode": "areal", "job.alpha": 1, "job.grpo.correction": "decoupled"}),
+    *[
+        row
+        for a in (1, 2, 4)
+        for row in (
+            (f"async-{a}", {**_DELTA, "job.mode": "async", "job.alpha": a}),
+            (f"async-{a}+tis", {**_DELTA, "job.mode": "async", "job.alpha": a, "job.grpo.correction": "tis"}),
+        )
+    ],
+]
+ROW_SETS = {"tts": TTS_ROWS}
 PINNED_SERVICES = ("resource-manager", "ledger", "relay", "trainer", "reward", "actor", "llmproxy", "envmanager")
 CURVES = ("sync", "async-1")
 
@@ -75,6 +105,9 @@ def job_file(
     epochs: int = 1,
     pin: bool = False,
     target: float = 0.8,
+    seed: int = 0,
+    fields: dict | None = None,
+    overrides: list[str] | None = None,
 ) -> Path:
     data = yaml.safe_load((ROOT / "examples" / "frozenlake.yaml").read_text())
     data["job"].update(job, max_steps=steps)
@@ -92,11 +125,17 @@ def job_file(
             "kind": "lognormal",
             "mean": f"{latency}s",
             "stddev": f"{latency}s",
-            "seed": 7,
+            "seed": 7 + seed,
         }
     data["model"]["dir"] = str(work / "model")  # one warm start for every row
     data["run"] = {"timeout": f"{max(600, 60 * steps)}s", "score_target": target}
-    path = work / f"{name}.yaml"
+    data["job"]["seed"] = seed
+    if data.get("eval"):
+        data["eval"]["score_target"] = target
+    # The row's fields, then --set: rollart run --set's paths and checks (a bad one names the path).
+    sets = [f"{k}={json.dumps(v)}" for k, v in (fields or {}).items()] + list(overrides or [])
+    data = apply_overrides(data, sets)
+    path = work / f"{name}{'' if not seed else f'-seed{seed}'}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -136,7 +175,76 @@ def summarise(name: str, out: Path, batch: int) -> dict:
         "rewards": rewards,
         "reward_first10": first,
         "reward_last10": last,
+        **validation(summary),
     }
+
+
+def validation(summary: dict) -> dict:
+    """The validation figures of a run's summary.json (its one task's; the job validates one)."""
+    v = next(iter((summary.get("validation") or {}).values()), None) or {}
+    return {
+        "eval_time_to_score_s": v.get("time_to_score_seconds"),
+        "eval_steps_to_score": v.get("step_to_score"),
+        "final_eval": v.get("final"),
+        "eval_curve": v.get("curve", []),
+        "eval_tokens": v.get("tokens_generated", 0),
+    }
+
+
+def _median_or_none(values: list) -> float | None:
+    """Median where None is "never": None when the median is never (most seeds did not reach it)."""
+    if not values:
+        return None
+    xs = sorted(float("inf") if x is None else float(x) for x in values)
+    m = statistics.median(xs)
+    return None if m == float("inf") else m
+
+
+def combine(seeds: list[dict]) -> dict:
+    """One row from its seeds' runs: medians of the figures (the first seed's curves and accounting), and
+    ``per_seed``."""
+    row = dict(seeds[0])
+    for key, value in seeds[0].items():
+        if key.startswith("eval_") and key not in ("eval_curve",) or key == "final_eval":
+            row[key] = _median_or_none([s.get(key) for s in seeds])
+        elif key == "time_to_score_s":
+            row[key] = _median_or_none([s.get(key) for s in seeds])
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            xs = [s[key] for s in seeds if isinstance(s.get(key), int | float)]
+            row[key] = statistics.median(xs) if xs else value
+    row["per_seed"] = [
+        {
+            "seed": s["seed"],
+            "time_to_score_seconds": s.get("eval_time_to_score_s"),
+            "steps_to_score": s.get("eval_steps_to_score"),
+            "final_eval": s.get("final_eval"),
+            "train_time_to_score_seconds": s.get("time_to_score_s"),
+            "step_seconds": s.get("step_s"),
+            "steps": s.get("steps"),
+            "state": s.get("state"),
+        }
+        for s in seeds
+    ]
+    return row
+
+
+def eval_table(rows: list[dict]) -> str:
+    """Time to score on the validation score, medians over seeds (sync+ the baseline)."""
+    base = {r["name"]: r for r in rows}.get("sync+")
+    lines = [
+        "| config | seeds | val. time to score s | vs sync+ | steps to score | final val. | train tts s | step s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        tts = r.get("eval_time_to_score_s")
+        fin = r.get("final_eval")
+        steps = r.get("eval_steps_to_score")
+        lines.append(
+            f"| {r['name']} | {len(r.get('per_seed') or [1])} | {'-' if tts is None else f'{tts:.0f}'} "
+            f"| {_ratio(base and base.get('eval_time_to_score_s'), tts)} | {'-' if steps is None else f'{steps:g}'} "
+            f"| {'-' if fin is None else f'{fin:.3f}'} | {_tts(r)} | {r['step_s']:.2f} |"
+        )
+    return "\n".join(lines)
 
 
 def overlap_limit(rows: list[dict]) -> dict | None:
@@ -207,7 +315,13 @@ def json_rows(rows: list[dict]) -> list[dict]:
                 "step_seconds": r["step_s"],
                 "samples_per_second": r["samples_per_s"],
                 "wasted_token_fraction": r["wasted"],
-                "time_to_score_seconds": r.get("time_to_score_s"),
+                # On the validation score (medians over seeds; null when not reached), issue 25.
+                "time_to_score_seconds": r.get("eval_time_to_score_s"),
+                "steps_to_score": r.get("eval_steps_to_score"),
+                "final_eval": r.get("final_eval"),
+                "per_seed": r.get("per_seed", []),
+                # The training reward's (10-step average of the batch reward), as before.
+                "train_time_to_score_seconds": r.get("time_to_score_s"),
                 "reward_first10": r["reward_first10"],
                 "reward_last10": r["reward_last10"],
                 "steps": r["steps"],
@@ -369,7 +483,16 @@ def main() -> int:
     ap.add_argument(
         "--alphas", type=int, nargs="*", help="the async rows for these alphas instead of 1, 2, 4 (the sweep)"
     )
-    ap.add_argument("--target", type=float, default=0.8, help="reward target of the time to score (10-step average)")
+    ap.add_argument(
+        "--target", type=float, default=0.8,
+        help="target of the times to score: the 10-step average reward, and the validation score (eval.score_target)",
+    )
+    ap.add_argument("--seeds", type=int, default=1, help="runs of every row (seeds 0..N-1); medians over seeds")
+    ap.add_argument("--rows", choices=sorted(ROW_SETS), help="a named row set instead of the default rows")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a job-file field applied to every row (rollart run --set syntax), e.g. --set eval.every=2",
+    )
     ap.add_argument(
         "--no-run",
         action="store_true",
@@ -381,42 +504,55 @@ def main() -> int:
         args.work = ROOT / "bench" / "out" / f"protocol{tag}"
     args.work.mkdir(parents=True, exist_ok=True)
     rows, loads = [], []
-    configs = list(CONFIGS)
+    # (name, job fields, weight update, interaction, row fields); --rows: field dicts only
+    configs: list[tuple[str, dict, str, str, dict]] = [(n, j, ws, i, {}) for n, j, ws, i in CONFIGS]
     if args.alphas:
         configs = [c for c in configs if not c[0].startswith("async-")]
-        configs += [(f"async-{a}", {"mode": "async", "alpha": a}, "delta", "trajectory") for a in args.alphas]
-    for name, job, ws, interaction in configs:
+        configs += [(f"async-{a}", {"mode": "async", "alpha": a}, "delta", "trajectory", {}) for a in args.alphas]
+    if args.rows:
+        configs = [(name, {}, "delta", "trajectory", fields) for name, fields in ROW_SETS[args.rows]]
+    for name, job, ws, interaction, fields in configs:
         if args.only and name not in args.only:
             continue
-        steps = args.curve_steps if name in CURVES else args.steps
-        cfg = job_file(
-            args.work, name, job, ws, interaction, steps, args.latency, args.epochs, args.pin, target=args.target
-        )
-        out = args.work / name
-        t0 = time.monotonic()
-        if args.no_run:
-            if not (out / "metrics.jsonl").is_file():
-                continue
-            code = 0
-        else:
-            log = io.StringIO()
-            code = run(RunOptions(job_file=cfg, out_dir=out, quiet=True), log=log)
-            (out / "run.log").write_text(log.getvalue())
-        loads.append(os.getloadavg()[0])
-        row = summarise(name, out, batch=int(yaml.safe_load(cfg.read_text())["job"]["batch_size"]))
-        rows.append(row)
-        print(
-            f"{name:8s} exit {code} {row['state']} {row['steps']} steps, step {row['step_s']:.2f} s, "
-            f"reward {row['reward_first10']:.3f} -> {row['reward_last10']:.3f}, wasted {row['wasted']:.3f}, "
-            f"time to score {_tts(row)} ({time.monotonic() - t0:.0f} s, load {loads[-1]:.1f})",
-            flush=True,
-        )
+        steps = args.curve_steps if name in CURVES or args.rows else args.steps
+        per_seed = []
+        for seed in range(args.seeds):
+            cfg = job_file(
+                args.work, name, job, ws, interaction, steps, args.latency, args.epochs, args.pin, target=args.target,
+                seed=seed, fields=fields, overrides=args.set,
+            )
+            out = args.work / (name if not seed else f"{name}-seed{seed}")
+            t0 = time.monotonic()
+            if args.no_run:
+                if not (out / "metrics.jsonl").is_file():
+                    continue
+                code = 0
+            else:
+                log = io.StringIO()
+                code = run(RunOptions(job_file=cfg, out_dir=out, quiet=True), log=log)
+                (out / "run.log").write_text(log.getvalue())
+            loads.append(os.getloadavg()[0])
+            one = summarise(name, out, batch=int(yaml.safe_load(cfg.read_text())["job"]["batch_size"]))
+            one["seed"] = seed
+            per_seed.append(one)
+            v = one.get("eval_time_to_score_s")
+            print(
+                f"{name:8s} seed {seed} exit {code} {one['state']} {one['steps']} steps, step {one['step_s']:.2f} s, "
+                f"reward {one['reward_first10']:.3f} -> {one['reward_last10']:.3f}, wasted {one['wasted']:.3f}, "
+                f"time to score {_tts(one)}, on validation {'not reached' if v is None else f'{v:.0f}'} "
+                f"(final {one.get('final_eval')}) ({time.monotonic() - t0:.0f} s, load {loads[-1]:.1f})",
+                flush=True,
+            )
+        if per_seed:
+            rows.append(combine(per_seed))
     (args.work / "protocol.json").write_text(json.dumps(rows, indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(json_rows(rows), indent=1) + "\n")
     plot(rows, args.work / "curves.png", target=args.target)
     text = table(rows) + "\n\nReward per step (mean of 3-step windows), same seeds:\n\n" + curves(rows)
+    if any(r.get("eval_curve") for r in rows):
+        text += "\n\nTime to score on the validation score (medians over seeds):\n\n" + eval_table(rows)
     print()
     print(text)
     if args.record:

@@ -21,11 +21,12 @@ validates, with the section's other keys as defaults)::
 
 Held out: the check at job load (:func:`eval_plan`) refuses a held-out prompt that is an episode the training
 can draw. Training group ``i`` of a task runs seed ``prompts.seed + i``, and a job draws at most
-``batch_size / group_size * (max_steps + alpha + 2)`` groups (all seeds from ``prompts.seed`` up when
-``max_steps`` is 0). What an episode is depends on the environment (:func:`episode_key`): reasoning-gym shows
-entry ``seed mod size`` of its dataset (so a held-out seed must be a held-out entry, or another dataset seed
-or config); a non-slippery FrozenLake ignores the seed (the map is the episode: hold out maps); other
-environments are their seed.
+``batch_size / group_size * (max_steps + alpha + 2)`` groups (with dynamic sampling, up to
+``max_groups_per_batch``, default 4x, a step; all seeds from ``prompts.seed`` up when ``max_steps`` is 0).
+What an episode is depends on the environment (:func:`episode_key`): reasoning-gym shows entry ``seed mod
+size`` of its dataset (so a held-out seed must be a held-out entry, or another dataset seed or config); a
+non-slippery FrozenLake ignores the seed (the map is the episode: hold out maps); other environments are their
+seed.
 
 The evaluation runs on the envmanager (``EnvManager.Evaluate``): the same episode loop and LLMProxy as
 training on whatever version the actors serve, no lease, nothing settled, nothing trained, its tokens counted
@@ -219,8 +220,10 @@ def training_seeds(prompts: trainer_pb2.PromptSource, job: trainer_pb2.TrainerJo
     """The seeds the training of a task can run: ``[start, stop)`` (``stop`` None: every seed from ``start``)."""
     if not job.max_steps:
         return prompts.seed, None
-    groups = max(job.batch_size // max(job.group_size, 1), 1) * (job.max_steps + job.alpha + 2)
-    return prompts.seed, prompts.seed + groups
+    per_step = max(job.batch_size // max(job.group_size, 1), 1)
+    if job.grpo.dynamic_sampling:  # groups drawn to refill a batch after zero-variance ones were dropped
+        per_step = max(job.grpo.max_groups_per_batch, 4 * per_step)
+    return prompts.seed, prompts.seed + per_step * (job.max_steps + job.alpha + 2)
 
 
 def held_out_problem(environment: str, train_options: Mapping[str, str], train: tuple[int, int | None],

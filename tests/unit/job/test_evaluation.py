@@ -250,3 +250,12 @@ def test_progress_text_and_the_curve(tmp_path):
     assert not draw_validation(ax, [])
     plt.close(fig)
     json.dumps(rows)  # rows are plain JSON
+
+
+def test_dynamic_sampling_widens_the_training_seeds():
+    data = lake_job(seeds=[200], samples=2)
+    data["environment"]["options"] = {"is_slippery": "true"}
+    assert [p.seed for p in plan(data)[0].prompts] == [200]
+    data["job"]["grpo"] = {"dynamic_sampling": True}  # up to 4x the groups a step: seeds 0..527
+    with pytest.raises(SpecError, match=r"seed 200 is one the training draws \(seeds 0\.\.527\)"):
+        plan(data)
