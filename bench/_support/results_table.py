@@ -8,14 +8,17 @@ reads it. ``python -m bench results`` rewrites the tables between the ``<!-- tab
 
 Selector: steps joined by ``.``: a key (``runs.this tree``), a list index (``[0]``), or a filter on a list of
 objects (``[config=async-1]``, ``[case=synthetic 1%,method=delta v2]``: exactly one element must match; values
-compare as text). A ``.jsonl`` file is the list of its lines. ``over`` divides by a second selector (a ratio).
+compare as text); a slice (``[-10:]``) followed by steps that apply to each element and ``mean()`` or ``sum()``.
+A ``.jsonl`` file is the list of its lines. ``over`` divides by a second selector (a ratio) or by a number.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +108,12 @@ SOURCES: dict[str, Source] = {
     "redundant-8x8-transcribed.json": Source(
         "python -m bench redundant", "e7474b3", "2026-11-29", "2 cores AMD EPYC, 24 GiB", "5-10", "envmanager.md",
         transcribed=True),
+    "buckets-hidden-transcribed.json": Source(
+        "python -m bench buckets --skip-disk --gib 0.25 --repeat 3 --rollout-s 3", "942022e", "2026-12-01", X2,
+        "12-27", "weights-buckets.md", transcribed=True),
+    "multitask-frozenlake-arith-metrics.jsonl": Source(
+        "rollart run examples/multitask.yaml --min-improvement 1.5", "ce4bab6", "2026-12-02", X2 + " (AMX)",
+        "5-8", "multitask.md"),
     "protocol-8epochs-pinned.json": Source(
         "python -m bench protocol --alphas 1 2 3 4 6 --steps 25 --curve-steps 25 --epochs 8 --pin", "dcb00a6",
         "2026-12-01", X2 + ", trainer on CPU 0, rollout on CPU 1", "see note", "protocol.md"),
@@ -124,6 +133,8 @@ ROWS: list[Row] = [
     Row("weights", "codec: v2 encode CPU, 1% changed (96M params)", "", "codec-synthetic-96m-grpo-pair-218m.json", "[case=synthetic 1%,method=delta v2].encode_cpu_s", "{:.3f} s"),
     Row("weights", "real GRPO delta lr 1e-6 (0.6B shapes, 4 layers): entries changed, step 1", "", "grpo-deltas-0.6b-4layers.json", "rows.[lr=1e-06,step=1].changed_fraction", "{:.1%}"),
     Row("weights", "real GRPO delta lr 1e-6: v2 size / XOR + zstd-1, step 1", "<= 1.00x", "grpo-deltas-0.6b-4layers.json", "rows.[lr=1e-06,step=1].codec.delta v2.bytes", "{:.3f}x", "rows.[lr=1e-06,step=1].codec.XOR + zstd-1.bytes"),
+    Row("weights", "Mooncake pull hidden behind a 3 s rollout, synthetic bf16 0.25 GiB", ">= 80%", "buckets-hidden-transcribed.json", "rows.[model=synthetic bf16 0.25 GiB,rollout_s=3,actor=background].hidden", "{:.0%}"),
+    Row("weights", "Mooncake pull hidden behind a 3 s rollout, tiny Qwen3 (7.3 MB)", ">= 80%", "buckets-hidden-transcribed.json", "rows.[model=tiny Qwen3,rollout_s=3,actor=background].hidden", "{:.0%}"),
     Row("weights", "striped transfer: S = 4 streams, share of the emulated link", ">= 85%", "transfer-s1-2-4-40mb.json", "runs.this tree.[streams=4].of_link", "{:.0%}"),
     Row("weights", "striped transfer: S = 4 vs S = 1 speed-up (40 MB, 16 MB/s per flow)", "AuroraRL: 1.62x", "transfer-s1-2-4-40mb.json", "runs.this tree.[streams=4].speedup", "{:.2f}x"),
     Row("weights", "striped transfer: CPU per GB at S = 4 (sender + emulator + relay)", "", "transfer-s1-2-4-40mb.json", "runs.this tree.[streams=4].cpu_s_per_gb", "{:.1f} s/GB"),
@@ -160,6 +171,10 @@ ROWS: list[Row] = [
     Row("protocol", "8 epochs: reward over the last 10 steps, async-1", "within 0.05 of sync", "protocol-8epochs-pinned.json", "[config=async-1].reward_last10", "{:.3f}"),
     Row("protocol", "8 epochs: reward over the last 10 steps, sync", "", "protocol-8epochs-pinned.json", "[config=sync].reward_last10", "{:.3f}"),
     Row("protocol", "1 epoch: async-1 / one-off samples per second", ">= 1.35x", "protocol-1epoch-pinned.json", "[config=async-1].samples_per_second", "{:.2f}x", "[config=one-off].samples_per_second"),
+    # multi-task FrozenLake + arith, examples/multitask.yaml (60 steps, 2 cores)
+    Row("protocol", "multi-task: FrozenLake reward, last 10 steps / first 10", ">= 1.5x", "multitask-frozenlake-arith-metrics.jsonl", "[-10:].tasks.frozenlake.reward_mean.mean()", "{:.2f}x", "[:10].tasks.frozenlake.reward_mean.mean()"),
+    Row("protocol", "multi-task: arith reward, last 10 steps / first 10", ">= 1.5x", "multitask-frozenlake-arith-metrics.jsonl", "[-10:].tasks.arith.reward_mean.mean()", "{:.2f}x", "[:10].tasks.arith.reward_mean.mean()"),
+    Row("protocol", "multi-task: the 60 steps' time", "<= 15 min in all", "multitask-frozenlake-arith-metrics.jsonl", "[:].step_seconds.sum()", "{:.0f} s"),
 ]
 
 
@@ -186,8 +201,20 @@ def steps(selector: str) -> list[str]:
 def select(data: Any, selector: str, where: str = "") -> Any:
     """The value ``selector`` names in ``data``; a SelectorError names the step that failed."""
     node = data
+    many = False  # after a slice, each step applies to every element until mean() or sum()
     for step in steps(selector):
-        if step.startswith("["):
+        if step in ("mean()", "sum()"):
+            if not many or not node or not all(isinstance(x, int | float) for x in node):
+                raise SelectorError(f"{where}{selector!r}: {step} needs a slice of numbers before it")
+            node, many = (statistics.fmean(node) if step == "mean()" else math.fsum(node)), False
+        elif re.fullmatch(r"\[-?\d*:-?\d*\]", step):
+            if not isinstance(node, list):
+                raise SelectorError(f"{where}{selector!r}: slice {step} needs a list, found {type(node).__name__}")
+            a, b = (int(x) if x else None for x in step[1:-1].split(":"))
+            node, many = node[a:b], True
+        elif many:
+            node = [select(e, step, where) for e in node]
+        elif step.startswith("["):
             inner = step[1:-1]
             if inner.lstrip("-").isdigit():
                 if not isinstance(node, list) or not -len(node) <= int(inner) < len(node):

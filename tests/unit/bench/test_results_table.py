@@ -61,6 +61,16 @@ def test_selector_errors_name_the_file_and_the_step() -> None:
         rt.value(rt.Row("control", "f", "", "ledger-clients-1-8-32.jsonl", "[0].machine", "{}"), rt.RESULTS_DIR)
 
 
+def test_slices_aggregate_over_steps() -> None:
+    steps = [{"r": {"a": float(i)}} for i in range(20)]
+    assert rt.select(steps, "[-10:].r.a.mean()") == 14.5
+    assert rt.select(steps, "[:10].r.a.sum()") == 45.0
+    with pytest.raises(rt.SelectorError, match=r"mean\(\) needs a slice"):
+        rt.select(steps, "[0].r.a.mean()")
+    with pytest.raises(rt.SelectorError, match=r"no key 'b'"):
+        rt.select(steps, "[:3].r.b.mean()")
+
+
 def test_a_plane_without_its_block_is_an_error() -> None:
     with pytest.raises(rt.SelectorError, match=r"table: \w+"):
         rt.render("# Benchmark results\n")
