@@ -567,7 +567,7 @@ def build_tiny_model(
 # CLI
 # ----------------------------------------------------------------------------------------------------
 
-# ~0.4 s a step on 2 free cores: about 35 s in all, twice that when the cores are shared.
+# Short: a pretraining the warm start can build on, cheap enough for a first `make run` on a CPU.
 DEFAULT_PRETRAIN_STEPS = 80
 
 
