@@ -1,9 +1,9 @@
-"""The documentation stands on its own: no reference to design files outside the repository, no broken links.
+"""The documentation stands on its own, stays readable in a day, and says each thing once.
 
-The design lives in docs/architecture.md and the docs/*.md of each subsystem. A clone has nothing else, so a
-file that sends the reader to a design or platform document outside the repository (or to a sibling checkout)
-points nowhere; these tests fail when one does, and when a relative link in README.md or docs/*.md names a
-file (or a heading of a Markdown file) that does not exist.
+The design lives in docs/architecture.md (the map) and one docs/*.md page per topic. These tests fail when a file
+sends the reader outside the repository (a clone has nothing else), when a relative link in README.md,
+CONTRIBUTING.md or docs/*.md names a file or heading that does not exist, when the map outgrows its budget, and
+when a page other than its owner retells the step protocol.
 """
 
 from __future__ import annotations
@@ -96,7 +96,18 @@ def broken_links(doc: Path, root: Path = REPO) -> list[str]:
 
 
 def documentation() -> list[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    return [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+# The map stays a map (bytes): what each service owns and who calls whom, not the topics themselves.
+ARCHITECTURE_BUDGET = 16 * 1024
+# The step protocol has one owner page; other pages link to it.
+STEP_PROTOCOL_OWNER = "trainer.md"
+
+
+def headings_about(markdown: str, words: str) -> list[str]:
+    """Headings of ``markdown`` that contain ``words`` (case-insensitive)."""
+    return [h for h in heading_anchors(markdown) if words.lower().replace(" ", "-") in h]
 
 
 # ------------------------------------------------------------------------------------------------ the checks
@@ -112,11 +123,22 @@ def test_relative_links_resolve(doc: Path):
     assert not broken_links(doc), "\n".join(broken_links(doc))
 
 
-def test_readme_links_the_architecture_and_every_doc():
+def test_architecture_stays_a_map():
+    size = (REPO / "docs" / "architecture.md").stat().st_size
+    assert size <= ARCHITECTURE_BUDGET, f"docs/architecture.md is {size} bytes, over {ARCHITECTURE_BUDGET}: link, do not retell"
+
+
+def test_the_step_protocol_is_written_once():
+    owners = [p.name for p in sorted((REPO / "docs").glob("*.md")) if headings_about(p.read_text(), "step protocol")]
+    assert owners == [STEP_PROTOCOL_OWNER], f"pages with a step-protocol section: {owners}; link to trainer.md"
+
+
+def test_readme_links_the_architecture_contributing_and_every_doc():
     readme = REPO / "README.md"
     linked = {(readme.parent / t.partition("#")[0]).resolve() for t in links(readme.read_text())}
     missing = [p.name for p in sorted((REPO / "docs").glob("*.md")) if p.resolve() not in linked]
     assert (REPO / "docs" / "architecture.md").resolve() in linked
+    assert (REPO / "CONTRIBUTING.md").resolve() in linked
     assert not missing, f"docs not linked from README.md: {missing}"
 
 
@@ -141,6 +163,12 @@ def test_checker_finds_foreign_references_and_broken_links(tmp_path: Path):
         "README.md: (docs/a.md#nope): no heading #nope in a.md",
         "README.md: (docs/missing.md): no such file",
     ]
+
+
+def test_owner_check_catches_a_retold_protocol():
+    assert headings_about("# Trainer\n\n## The step protocol\n", "step protocol") == ["the-step-protocol"]
+    assert headings_about("## Step protocol, again\n", "step protocol") == ["step-protocol-again"]
+    assert headings_about("# Steps\n## Protocol\n```\n## the step protocol\n```\n", "step protocol") == []
 
 
 def test_anchors_follow_github():
