@@ -139,12 +139,33 @@ def to_message(cls: type[Message], data: Mapping[str, Any] | None, where: str = 
     return msg
 
 
+def check_training_sampling(sampling: common_pb2.SamplingParams, where: str) -> None:
+    """Training rollouts sample from the whole distribution (docs/objective.md): vLLM's logprob of a token
+    drawn under top-p or top-k truncation is not the probability the trainer's log-softmax over the whole
+    vocabulary computes, so the loss's ratio (and every off-policy correction) would be off. ``SpecError``
+    naming ``<where>.top_p`` (0 < top_p < 1) or ``<where>.top_k`` (> 0); 0, 1 and -1 mean no truncation."""
+    if 0 < sampling.top_p < 1:
+        raise SpecError(
+            f"{where}.top_p: {sampling.top_p:g} truncates the distribution; training samples need top_p 1 (or 0)"
+            " because the behaviour logprobs must be over the whole vocabulary"
+        )
+    if sampling.top_k > 0:
+        raise SpecError(
+            f"{where}.top_k: {sampling.top_k} truncates the distribution; training samples need top_k 0 or -1"
+            " because the behaviour logprobs must be over the whole vocabulary"
+        )
+
+
 def job_spec(data: Mapping[str, Any]) -> trainer_pb2.TrainerJobSpec:
-    return to_message(trainer_pb2.TrainerJobSpec, data, "job")  # type: ignore[return-value]
+    spec: trainer_pb2.TrainerJobSpec = to_message(trainer_pb2.TrainerJobSpec, data, "job")  # type: ignore[assignment]
+    check_training_sampling(spec.sampling, "job.sampling")
+    return spec
 
 
 def environment_spec(data: Mapping[str, Any]) -> envmanager_pb2.EnvironmentSpec:
-    return to_message(envmanager_pb2.EnvironmentSpec, data, "environment")  # type: ignore[return-value]
+    env: envmanager_pb2.EnvironmentSpec = to_message(envmanager_pb2.EnvironmentSpec, data, "environment")  # type: ignore[assignment]
+    check_training_sampling(env.sampling, "environment.sampling")
+    return env
 
 
 def load_job_file(path: str | Path) -> dict[str, Any]:
@@ -221,6 +242,7 @@ def job_tasks(data: Mapping[str, Any], default_loops: int = 16) -> list[JobTask]
             raise SpecError(f"{where}.environment: required (an environment id, or a mapping with environment:)")
         env = to_message(envmanager_pb2.EnvironmentSpec, env_raw, f"{where}.environment")
         assert isinstance(env, envmanager_pb2.EnvironmentSpec)
+        check_training_sampling(env.sampling, f"{where}.environment.sampling")
         name = str(item.get("name") or env.task or env.environment)
         if not TASK_RE.match(name):
             raise SpecError(f"{where}.name: {name!r} is not a task tag (letters, digits and ._:/@+-, up to 128)")

@@ -25,6 +25,11 @@ One step over a batch of scored trajectories (``TrainBatch``):
 4. **Update**: gradients accumulated over the micro-batches, global-norm clipping, AdamW (weight decay on
    matrices only), ``epochs_per_batch`` optimizer steps per batch (one full pass each).
 
+Every choice beyond this (loss aggregation, GSPO, entropy bonus, off-policy correction, RLOO, the overlong
+penalty, dynamic sampling) is a field of :class:`~rollart_trainer.objective.ObjectiveSettings`
+(``GrpoSettings.objective``; docs/objective.md) whose default is the loss above, computed by the same
+floating-point operations.
+
 The backends (``TorchBackend`` here, ``FSDP2Backend`` in :mod:`rollart_trainer.fsdp`) share this code;
 they differ in how parameters live (one device vs sharded DTensors) and in how work is split over ranks.
 :func:`rollart_trainer.backends.make_backend` picks one by name.
@@ -47,6 +52,8 @@ from torch import nn
 
 from rollart.delta import WeightSet
 
+from . import objective as obj
+from .objective import ObjectiveSettings
 from .policy import BF16, Policy
 
 if TYPE_CHECKING:
@@ -55,7 +62,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # exp() of a log-ratio beyond this overflows nothing but carries no information either.
-_MAX_LOG_RATIO = 20.0
+_MAX_LOG_RATIO = obj.MAX_LOG_RATIO
 
 
 # ====================================================================================================
@@ -84,6 +91,7 @@ class GrpoSettings:
     row_tokens: int = 0  # packed row capacity (0: the longest stream of the micro-batch)
     temperature: float = 1.0  # the actor's sampling temperature, if its logprobs are of logits / T
     pad_token_id: int = 0
+    objective: ObjectiveSettings = field(default_factory=ObjectiveSettings)  # defaults: the loss above
 
     def __post_init__(self) -> None:
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
@@ -96,6 +104,7 @@ class GrpoSettings:
             raise ValueError("micro_batch_size/max_seq_len/row_tokens must be >= 0, epochs_per_batch >= 1")
         if self.temperature <= 0:
             raise ValueError("temperature must be > 0")
+        self.objective.check(self.max_seq_len)
 
     @classmethod
     def from_job_spec(cls, spec: Any) -> GrpoSettings:
@@ -107,7 +116,9 @@ class GrpoSettings:
         """From ``rollart.v1.GrpoConfig`` (zero fields take the defaults above, except ``max_grad_norm``,
         ``weight_decay`` and ``kl_coef`` whose 0 means none, and ``normalize_advantage_std`` taken as is)
         and the job spec's ``options`` (``grpo.temperature``, ``grpo.warmup_steps``, ``grpo.row_tokens``,
-        ``grpo.adam_beta1``, ``grpo.adam_beta2``, ``grpo.advantage_eps``, ``grpo.pad_token_id``)."""
+        ``grpo.adam_beta1``, ``grpo.adam_beta2``, ``grpo.advantage_eps``, ``grpo.pad_token_id``). The
+        objective's fields: empty strings and zeros take the defaults of :class:`ObjectiveSettings` (the
+        caps and bounds are ``optional``: unset takes the default, a value is checked as given)."""
         d = cls()
         opts = dict(options or {})
 
@@ -137,7 +148,35 @@ class GrpoSettings:
             row_tokens=opt("row_tokens", int, d.row_tokens),
             temperature=opt("temperature", float, d.temperature),
             pad_token_id=opt("pad_token_id", int, d.pad_token_id),
+            objective=objective_from_proto(grpo),
         )
+
+
+def objective_from_proto(grpo: Any) -> ObjectiveSettings:
+    """``rollart.v1.GrpoConfig``'s objective fields (11-26) as :class:`ObjectiveSettings` (unchecked)."""
+    d = ObjectiveSettings()
+
+    def has(name: str) -> bool:
+        return bool(grpo.HasField(name))
+
+    return ObjectiveSettings(
+        loss_aggregation=grpo.loss_aggregation or d.loss_aggregation,
+        aggregation_length=grpo.aggregation_length,
+        ratio_level=grpo.ratio_level or d.ratio_level,
+        entropy_coef=grpo.entropy_coef,
+        advantage_estimator=grpo.advantage_estimator or d.advantage_estimator,
+        overlong_buffer=grpo.overlong_buffer,
+        overlong_max_tokens=grpo.overlong_max_tokens,
+        overlong_penalty=grpo.overlong_penalty or d.overlong_penalty,
+        correction=grpo.correction or d.correction,
+        correction_level=grpo.correction_level or d.correction_level,
+        is_cap=grpo.is_cap if has("is_cap") else None,
+        mis_low=grpo.mis_low if has("mis_low") else d.mis_low,
+        mis_high=grpo.mis_high if has("mis_high") else d.mis_high,
+        proximal=grpo.proximal or d.proximal,
+        dynamic_sampling=grpo.dynamic_sampling,
+        max_groups_per_batch=grpo.max_groups_per_batch,
+    )
 
 
 # ====================================================================================================
@@ -287,6 +326,7 @@ class TokenLoss:
     kl: torch.Tensor | None  # per token k3 to the reference (None without one)
     ratio: torch.Tensor  # per token importance ratio (detached)
     clipped: torch.Tensor  # bool per token: the clipped term was chosen (no gradient through the ratio)
+    entropy: torch.Tensor | None = None  # per token entropy bonus term (before entropy_coef), when on
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -305,20 +345,45 @@ def grpo_token_loss(
     clip_eps_high: float,
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    old_logp: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
+    sequence_index: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> TokenLoss:
-    """The clipped importance-ratio surrogate per token (PPO-style, asymmetric clip range)."""
-    log_ratio = (logp - behaviour_logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    """The clipped importance-ratio surrogate per token (PPO-style, asymmetric clip range).
+
+    Without the optional arguments: today's loss, ratio against ``behaviour_logp``. ``old_logp``: the
+    ratio is against it instead (the proximal policy of an off-policy correction); ``weight``: the
+    policy-gradient term is multiplied by it (the correction's capped or masked weight, detached);
+    ``sequence_index``: GSPO, one ratio per sample (the geometric mean of its token ratios; sample index per
+    token), with the token-level gradient of GSPO-token; ``entropy`` with ``entropy_coef``: the bonus
+    ``- entropy_coef * entropy`` (differentiable entropy)."""
+    base = behaviour_logp if old_logp is None else old_logp
+    if sequence_index is None:
+        log_ratio = (logp - base).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    else:
+        lr = (logp.detach() - base).double()
+        mean = obj.per_sample_sum(lr, sequence_index) / obj.per_sample_count(sequence_index).double()
+        # value: the sample's mean log-ratio; gradient: the token's own logprob (GSPO-token).
+        log_ratio = mean.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).to(logp.dtype) + (logp - logp.detach())
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages
     pg = -torch.minimum(unclipped, clipped)
+    if weight is not None:
+        pg = pg * weight.to(pg.dtype)
     loss = pg
     kl = None
     if ref_logp is not None:
         kl = k3_kl(logp, ref_logp)
         if kl_coef:
             loss = pg + kl_coef * kl
-    return TokenLoss(loss, pg, kl, ratio.detach(), (clipped < unclipped).detach())
+    bonus = None
+    if entropy is not None and entropy_coef:
+        bonus = entropy
+        loss = loss - entropy_coef * entropy
+    return TokenLoss(loss, pg, kl, ratio.detach(), (clipped < unclipped).detach(), bonus)
 
 
 # ====================================================================================================
@@ -465,6 +530,7 @@ class TokenLogprobs(nn.Module):
         targets: torch.Tensor,
         temperature: float = 1.0,
         with_entropy: bool = True,
+        entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         decoder = self.lm.get_decoder()
         hidden = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
@@ -475,7 +541,9 @@ class TokenLogprobs(nn.Module):
         logz = torch.logsumexp(logits, dim=-1)
         logp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz  # a new tensor, not a view
         entropy = None
-        if with_entropy:
+        if with_entropy and entropy_grad:  # the entropy bonus: differentiable
+            entropy = logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+        elif with_entropy:
             with torch.no_grad():
                 probs = torch.softmax(logits, dim=-1)
                 entropy = logz - (probs * logits).sum(-1)
@@ -500,6 +568,18 @@ class StepStats:
     ratio_min: float = 1.0
     ratio_max: float = 1.0
     behaviour_kl: float = 0.0  # k3(behaviour ‖ current) in the first epoch: actor/trainer mismatch
+    # Off-policy figures of the first epoch (docs/objective.md): the mismatch k3 (= behaviour_kl), the
+    # weight proximal / behaviour at the correction's level (without a correction: the trainer's
+    # pre-update logprob over the behaviour one), the share of forwarded tokens whose weight was truncated
+    # (tis) or that were dropped (mis, decoupled).
+    mismatch_kl: float = 0.0
+    is_ratio_mean: float = 1.0
+    is_ratio_min: float = 1.0
+    is_ratio_max: float = 1.0
+    is_truncated_fraction: float = 0.0
+    is_masked_fraction: float = 0.0
+    overlong_penalty_mean: float = 0.0  # mean reward penalty of the overlong shaping (0 when off)
+    filtered_groups: int = 0  # zero-variance groups dynamic sampling dropped for this batch
     grad_norm: float = 0.0  # before clipping (last epoch)
     learning_rate: float = 0.0
     tokens_trained: int = 0  # agent tokens that were forwarded (per epoch)
@@ -521,6 +601,19 @@ class StepStats:
     skipped_steps: int = 0  # epochs whose gradient was not finite (no update)
     train_seconds: float = 0.0
     tokens_per_second: float = 0.0  # positions forwarded and backpropagated per second
+
+    # What the step driver copies into StepMetrics.extra beside its own fields (docs/objective.md).
+    OBJECTIVE_METRICS = (
+        "mismatch_kl",
+        "is_ratio_mean",
+        "is_ratio_min",
+        "is_ratio_max",
+        "is_truncated_fraction",
+        "is_masked_fraction",
+        "ratio_min",
+        "ratio_max",
+        "overlong_penalty_mean",
+    )
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -604,6 +697,22 @@ class PreparedBatch:
     micro_batches: list[MicroBatch]
     loss_tokens: int
     stats: StepStats
+    denominator: obj.Denominator | None = None  # the aggregation's (None: token-mean over loss_tokens)
+    policy_version: int | None = None
+    epoch: int = 0  # the epoch accumulate() runs
+    proximal: dict[int, torch.Tensor] = field(default_factory=dict)  # micro-batch -> first-epoch logprobs
+
+
+def _weighted_sum(x: torch.Tensor | None, factor: torch.Tensor | None, zero: torch.Tensor) -> torch.Tensor:
+    if x is None:
+        return zero
+    return (x.detach() * factor).sum() if factor is not None else x.detach().sum()
+
+
+# The sums accumulate() returns (float64): pg, kl, entropy, clipped, ratio, tokens, positions, behaviour k3,
+# then the first epoch's weight sum, truncated and dropped tokens, this epoch's tokens and samples rejected
+# out of the denominator, and the entropy bonus term.
+_NSUMS = 14
 
 
 class TorchBackend(TrainBackend):
@@ -689,12 +798,24 @@ class TorchBackend(TrainBackend):
         if not torch.isfinite(rewards).all():
             raise ValueError("a reward is not finite")
         gidx = torch.from_numpy(group_indices([x.group_id for x in batch.samples]))
-        adv_t = group_advantages(rewards, gidx, normalize_std=s.normalize_advantage_std, eps=s.advantage_eps)
+        o = s.objective
+        shaped = rewards
+        penalty = None
+        if o.overlong_buffer:
+            lengths = torch.tensor([sum(len(t.action_ids) for t in x.turns) for x in batch.samples])
+            penalty = obj.overlong_penalty(lengths, o.overlong_buffer, o.overlong_max_tokens, o.overlong_penalty)
+            shaped = rewards + penalty
+        if o.advantage_estimator == "rloo":
+            adv_t = obj.rloo_advantages(shaped, gidx)
+        else:
+            adv_t = group_advantages(shaped, gidx, normalize_std=s.normalize_advantage_std, eps=s.advantage_eps)
         advantages = adv_t.numpy().astype(np.float32)
         n_loss = np.array([s_.loss_positions.size for s_ in streams], dtype=np.int64)
         loss_tokens = int(n_loss.sum())
-        # Without a KL term a zero-advantage sample contributes exactly nothing: do not forward it.
-        include = [i for i in range(len(streams)) if n_loss[i] > 0 and (s.kl_coef > 0 or advantages[i] != 0)]
+        # Without a KL term or an entropy bonus a zero-advantage sample contributes exactly nothing: do not
+        # forward it.
+        extra_terms = s.kl_coef > 0 or o.entropy_coef > 0
+        include = [i for i in range(len(streams)) if n_loss[i] > 0 and (extra_terms or advantages[i] != 0)]
         mine = self._my_samples(include, streams)
         mbs = plan_micro_batches(streams, advantages, mine, s.micro_batch_size, s.row_tokens, s.pad_token_id)
         has_signal = torch.zeros(int(gidx.max()) + 1, dtype=torch.bool).index_fill_(0, gidx[adv_t != 0], True)
@@ -710,8 +831,10 @@ class TorchBackend(TrainBackend):
             reward_max=float(r.max()),
             advantage_abs_mean=float(np.abs(advantages).mean()),
             response_length_mean=float(sum(int(x.action.sum()) for x in streams) / len(streams)),
+            overlong_penalty_mean=float(penalty.mean()) if penalty is not None else 0.0,
         )
-        return PreparedBatch(streams, advantages, mbs, loss_tokens, st)
+        den = None if o.is_default_loss else obj.batch_denominator(o, n_loss.tolist(), s.max_seq_len)
+        return PreparedBatch(streams, advantages, mbs, loss_tokens, st, den, batch.policy_version)
 
     def _lr_at(self, step: int) -> float:
         s = self.settings
@@ -720,26 +843,48 @@ class TorchBackend(TrainBackend):
         return s.learning_rate
 
     def accumulate(self, prep: PreparedBatch, *, first_epoch: bool = True) -> dict[str, torch.Tensor]:
-        """Forward and backward over the micro-batches (gradients add up in ``.grad``); returns sums."""
+        """Forward and backward over the micro-batches (gradients add up in ``.grad``); returns sums.
+
+        The gradient is of the loss over the batch's provisional denominator (``prep.denominator``, or every
+        agent token); tokens an MIS correction rejects leave it, which :meth:`train_step` applies by rescaling
+        the gradient once the whole batch was seen."""
         s = self.settings
-        denom = float(max(prep.loss_tokens, 1))
+        o = s.objective
+        default = o.is_default_loss
+        denom = float(max(prep.loss_tokens if prep.denominator is None else prep.denominator.total, 1))
         scale = self._loss_scale() / denom
-        sums = torch.zeros(8, dtype=torch.float64)  # pg, kl, entropy, clipped, ratio, tokens, positions, bkl
-        rmin = torch.tensor(math.inf, dtype=torch.float64)
-        rmax = torch.tensor(-math.inf, dtype=torch.float64)
+        sums = torch.zeros(_NSUMS, dtype=torch.float64)
+        lows = torch.tensor([math.inf, math.inf], dtype=torch.float64)  # PPO ratio, off-policy weight
+        highs = torch.tensor([-math.inf, -math.inf], dtype=torch.float64)
+        ent_kw = {"entropy_grad": True} if o.entropy_coef else {}
         count = self._micro_batch_count(len(prep.micro_batches))
         for k in range(count):
             self._before_micro_batch(k, count)
             real = k < len(prep.micro_batches)
             mb = (prep.micro_batches[k] if real else self._dummy_micro_batch()).to(self.device)
             positions = mb.num_positions if real else 0
-            logp, ent = self.net(mb.input_ids, mb.position_ids, mb.pred_rows, mb.pred_cols, mb.targets, s.temperature)
+            logp, ent = self.net(
+                mb.input_ids, mb.position_ids, mb.pred_rows, mb.pred_cols, mb.targets, s.temperature, **ent_kw
+            )
             ref_logp = None
             if self.reference is not None:
                 with torch.no_grad():
                     ref_logp, _ = self.reference(
                         mb.input_ids, mb.position_ids, mb.pred_rows, mb.pred_cols, mb.targets, s.temperature, False
                     )
+            extra: dict[str, Any] = {}
+            off = None
+            keep = None
+            if o.correction != "none":
+                prox = self._proximal(prep, k, mb, logp, first_epoch)
+                off = obj.off_policy_weights(prox, mb.behaviour_logp, mb.sample_index, o)
+                extra.update(old_logp=prox, weight=off.weight)
+                if o.correction == "mis":
+                    keep = ~off.rejected
+            if o.ratio_level == "sequence":
+                extra["sequence_index"] = mb.sample_index
+            if o.entropy_coef:
+                extra.update(entropy=ent, entropy_coef=o.entropy_coef)
             tl = grpo_token_loss(
                 logp,
                 mb.behaviour_logp,
@@ -748,30 +893,68 @@ class TorchBackend(TrainBackend):
                 clip_eps_high=s.clip_eps_high,
                 ref_logp=ref_logp,
                 kl_coef=s.kl_coef,
+                **extra,
             )
-            (tl.loss.sum() * scale).backward()
+            factor = None
+            removed = (logp.new_zeros((), dtype=torch.float64), logp.new_zeros((), dtype=torch.float64))
+            if not default:
+                factor, *rest = obj.token_factors(o, mb.sample_index, keep)
+                removed = (rest[0], rest[1])
+            if factor is None:
+                (tl.loss.sum() * scale).backward()
+            else:
+                ((tl.loss * factor).sum() * scale).backward()
             with torch.no_grad():
                 n = tl.ratio.numel()
-                bkl = k3_kl(mb.behaviour_logp, logp.detach()).sum() if first_epoch else logp.new_zeros(())
+                zero = logp.new_zeros(())
+                bkl = k3_kl(mb.behaviour_logp, logp.detach()).sum() if first_epoch else zero
+                # The off-policy weight of the first epoch (no correction: the pre-update ratio itself).
+                w = (off.ratio if off is not None else tl.ratio) if first_epoch else None
                 sums += torch.stack(
                     [
-                        tl.pg.detach().sum().double(),
-                        (tl.kl.sum() if tl.kl is not None else logp.new_zeros(())).double(),
-                        (ent.sum() if ent is not None else logp.new_zeros(())).double(),
+                        _weighted_sum(tl.pg, factor, zero).double(),
+                        _weighted_sum(tl.kl, factor, zero).double(),
+                        (ent.detach().sum() if ent is not None else zero).double(),
                         tl.clipped.sum().double(),
                         tl.ratio.sum().double(),
                         logp.new_tensor(float(n), dtype=torch.float64),
                         logp.new_tensor(float(positions), dtype=torch.float64),
                         bkl.double(),
+                        (w.sum() if w is not None else zero).double(),
+                        (off.truncated.sum() if off is not None and first_epoch else zero).double(),
+                        (off.masked.sum() if off is not None and first_epoch else zero).double(),
+                        removed[0].double(),
+                        removed[1].double(),
+                        _weighted_sum(tl.entropy, factor, zero).double(),
                     ]
                 ).cpu()
                 if n:
-                    rmin = torch.minimum(rmin, tl.ratio.min().double().cpu())
-                    rmax = torch.maximum(rmax, tl.ratio.max().double().cpu())
+                    lows[0] = min(lows[0], tl.ratio.min().double().cpu())
+                    highs[0] = max(highs[0], tl.ratio.max().double().cpu())
+                    if w is not None:
+                        lows[1] = min(lows[1], w.min().double().cpu())
+                        highs[1] = max(highs[1], w.max().double().cpu())
         sums = self._all_reduce_sums(sums)
-        rmin = self._all_reduce_sums(rmin, "min")
-        rmax = self._all_reduce_sums(rmax, "max")
-        return {"sums": sums, "ratio_min": rmin, "ratio_max": rmax}
+        lows = self._all_reduce_sums(lows, "min")
+        highs = self._all_reduce_sums(highs, "max")
+        return {"sums": sums, "ratio_min": lows[0], "ratio_max": highs[0], "is_min": lows[1], "is_max": highs[1]}
+
+    def _proximal(self, prep: PreparedBatch, k: int, mb: MicroBatch, logp: torch.Tensor, first: bool) -> torch.Tensor:
+        """Proximal logprobs of micro-batch ``k``: the pre-update weights' (the first epoch's forward runs on
+        them: no extra forward), or AReaL's log-linear interpolation by version."""
+        o = self.settings.objective
+        if o.proximal == "loglinear" and prep.policy_version is not None:
+            v = float(prep.policy_version)
+            cur = v + prep.epoch / self.settings.epochs_per_batch  # the weights after `epoch` of the updates
+            return obj.loglinear_proximal(logp, mb.behaviour_logp, mb.versions, v, cur)
+        if first or k not in prep.proximal:
+            prep.proximal[k] = logp.detach().clone()
+        return prep.proximal[k]
+
+    def _scale_grads(self, factor: float) -> None:
+        for p in self.parameters:
+            if p.grad is not None:
+                p.grad.mul_(factor)
 
     def train_step(self, batch: TrainBatch) -> StepStats:
         t0 = time.perf_counter()
@@ -780,17 +963,38 @@ class TorchBackend(TrainBackend):
         st = prep.stats
         st.micro_batches = len(prep.micro_batches)
         denom = float(max(prep.loss_tokens, 1))
-        totals = torch.zeros(8, dtype=torch.float64)
+        totals = torch.zeros(_NSUMS, dtype=torch.float64)
         rmin, rmax = math.inf, -math.inf
         trained = 0
+        aggregated = 0.0, 0.0, 0.0  # pg, kl, entropy bonus over each epoch's final denominator (summed)
         for epoch in range(s.epochs_per_batch):
             self.optimizer.zero_grad(set_to_none=True)
+            prep.epoch = epoch
             acc = self.accumulate(prep, first_epoch=epoch == 0)
             sums = acc["sums"]
+            if sums.numel() < _NSUMS:  # a backend's own accumulate (Megatron's pipeline) sums the first 8
+                sums = torch.cat([sums, torch.zeros(_NSUMS - sums.numel(), dtype=sums.dtype)])
             if epoch == 0:
                 trained = int(sums[5])
                 st.positions = int(sums[6])
                 st.behaviour_kl = float(sums[7]) / max(trained, 1)
+                st.mismatch_kl = st.behaviour_kl
+                if trained:
+                    st.is_ratio_mean = float(sums[8]) / trained
+                    st.is_ratio_min = float(acc.get("is_min", acc["ratio_min"]))
+                    st.is_ratio_max = float(acc.get("is_max", acc["ratio_max"]))
+                st.is_truncated_fraction = float(sums[9]) / max(trained, 1)
+                st.is_masked_fraction = float(sums[10]) / max(trained, 1)
+            if prep.denominator is not None:
+                provisional = float(max(prep.denominator.total, 1))
+                kept = float(max(obj.kept_total(s.objective, prep.denominator, float(sums[11]), float(sums[12])), 1))
+                if kept != provisional:  # MIS rejected tokens: they leave the denominator
+                    self._scale_grads(provisional / kept)
+                aggregated = (
+                    aggregated[0] + float(sums[0]) / kept,
+                    aggregated[1] + float(sums[1]) / kept,
+                    aggregated[2] + float(sums[13]) / kept,
+                )
             totals += sums
             rmin, rmax = min(rmin, float(acc["ratio_min"])), max(rmax, float(acc["ratio_max"]))
             lr = self._lr_at(self.optimizer_steps)
@@ -810,9 +1014,13 @@ class TorchBackend(TrainBackend):
             self.optimizer.zero_grad(set_to_none=True)
         epochs = s.epochs_per_batch
         st.tokens_trained = trained
-        st.pg_loss = float(totals[0]) / denom / epochs
-        st.kl = float(totals[1]) / denom / epochs
-        st.loss = st.pg_loss + s.kl_coef * st.kl
+        if prep.denominator is None:
+            st.pg_loss = float(totals[0]) / denom / epochs
+            st.kl = float(totals[1]) / denom / epochs
+            st.loss = st.pg_loss + s.kl_coef * st.kl
+        else:
+            st.pg_loss, st.kl = aggregated[0] / epochs, aggregated[1] / epochs
+            st.loss = st.pg_loss + s.kl_coef * st.kl - s.objective.entropy_coef * aggregated[2] / epochs
         ntok = max(float(totals[5]), 1.0)
         st.entropy = float(totals[2]) / ntok
         st.clip_fraction = float(totals[3]) / ntok

@@ -82,6 +82,71 @@ def _grpo(g: T.GrpoConfig, spec: T.TrainerJobSpec) -> None:
     v.integer(p + "micro_batch_size", g.micro_batch_size, 0, max(spec.batch_size, 0))
     v.integer(p + "epochs_per_batch", g.epochs_per_batch, 0, 100)
     v.integer(p + "max_seq_len", g.max_seq_len, 0, 1 << 22)
+    _objective(g, spec)
+
+
+def _objective(g: T.GrpoConfig, spec: T.TrainerJobSpec) -> None:
+    """The training objective's fields (docs/objective.md): modes by name, caps and bounds in range, and
+    the sampling the loss's behaviour logprobs assume."""
+    from .grpo import objective_from_proto
+    from .objective import ObjectiveError
+
+    p = "spec.grpo."
+    v.integer(p + "aggregation_length", g.aggregation_length, 0, 1 << 22)
+    v.number(p + "entropy_coef", g.entropy_coef, 0.0, 1e3)
+    v.integer(p + "overlong_buffer", g.overlong_buffer, 0, 1 << 22)
+    v.integer(p + "overlong_max_tokens", g.overlong_max_tokens, 0, 1 << 22)
+    v.number(p + "overlong_penalty", g.overlong_penalty, 0.0, 1e3)
+    for name in ("is_cap", "mis_low", "mis_high"):
+        if g.HasField(name):
+            v.number(p + name, getattr(g, name), 0.0, 1e6)
+    v.integer(p + "max_groups_per_batch", g.max_groups_per_batch, 0, MAX_BATCH)
+    o = objective_from_proto(g)
+    try:
+        o.check(g.max_seq_len)
+    except ObjectiveError as exc:
+        raise errors.InvalidArgument(p + exc.field, exc.reason) from None
+    if o.dynamic_sampling:
+        # Filtered groups must leave the ledger's buffer as their own fate (not trained) and the batch be
+        # filled from further groups under the ledger's rules: GetBatch cannot do that yet.
+        raise errors.InvalidArgument(
+            p + "dynamic_sampling", "not available yet: the ledger's GetBatch has no zero-variance filter"
+        )
+    if (
+        not o.is_default_loss
+        and spec.backend == T.TRAINER_BACKEND_MEGATRON
+        and spec.parallel.pipeline_parallel_size > 1
+    ):
+        changed = [
+            name
+            for name, on in (
+                ("correction", o.correction != "none"),
+                ("loss_aggregation", o.loss_aggregation != "token-mean"),
+                ("ratio_level", o.ratio_level != "token"),
+                ("entropy_coef", o.entropy_coef != 0),
+            )
+            if on
+        ]
+        raise errors.InvalidArgument(
+            p + changed[0],
+            "the Megatron pipeline (pipeline_parallel_size > 1) computes the default loss only",
+        )
+    # vLLM's logprob of a token sampled under top-p / top-k truncation is not over the whole vocabulary
+    # as the trainer's log-softmax is: every ratio and correction of the loss would be off (no mode here
+    # computes the truncated distribution, so such a job is refused).
+    s = spec.sampling
+    if 0 < s.top_p < 1:
+        raise errors.InvalidArgument(
+            "spec.sampling.top_p",
+            f"{s.top_p:g} truncates the distribution: training samples need top_p 1 (or 0), the loss's behaviour"
+            " logprobs being over the whole vocabulary",
+        )
+    if s.top_k > 0:
+        raise errors.InvalidArgument(
+            "spec.sampling.top_k",
+            f"{s.top_k} truncates the distribution: training samples need top_k 0 or -1, the loss's behaviour"
+            " logprobs being over the whole vocabulary",
+        )
 
 
 def _publish(pub: T.PublishConfig) -> None:
