@@ -293,3 +293,16 @@ def test_bad_values_are_refused_naming_the_field(fields: dict[str, object], fiel
     assert err.value.field == field
     assert str(err.value).startswith(f"{field}: ")
     assert words in str(err.value)
+
+
+def test_the_step_metrics_carry_the_off_policy_figures() -> None:
+    from rollart.v1 import ledger_pb2
+    from rollart_trainer import stepmetrics
+    from rollart_trainer.grpo import StepStats
+
+    st = StepStats(mismatch_kl=0.02, is_ratio_max=3.5, is_truncated_fraction=0.25, is_masked_fraction=0.1)
+    m = T.StepMetrics()
+    stepmetrics.fill(m, st, ledger_pb2.Batch(), multitask=False)
+    assert m.extra["mismatch_kl"] == 0.02 and m.extra["is_ratio_max"] == 3.5
+    assert m.extra["is_truncated_fraction"] == 0.25 and m.extra["is_masked_fraction"] == 0.1
+    assert {"is_ratio_mean", "is_ratio_min", "ratio_min", "ratio_max", "overlong_penalty_mean"} <= set(m.extra)
