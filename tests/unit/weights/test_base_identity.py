@@ -20,7 +20,7 @@ from tests.conftest import TOKEN
 from tests.unit.weights.weights_testlib import JOB, KEY, digest, model, step
 
 
-async def test_checkpoints_record_identity_and_v2_segments_travel_unchanged(tmp_path: Path) -> None:
+async def test_checkpoints_record_identity_and_segments_travel_unchanged(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     ws = [model(rng)]
     for _ in range(3):
@@ -47,11 +47,11 @@ async def test_checkpoints_record_identity_and_v2_segments_travel_unchanged(tmp_
             await pub.commit(v)
             await sub.wait_version(v, 20)
             assert digest(sub.weights) == digest(ws[v]) and sub.active_hash == r.hash
-        # the segments in the publisher's hub are the encoder's format-2 bytes, naming h(v-1)
+        # the segments in the publisher's hub are the encoder's bytes (default format), naming h(v-1)
         for v in range(1, 4):
             buf = pub.hub.versions[v]
             segs = [sg.parse(buf.segs[seq], KEY) for seq in sorted(buf.segs)]
-            assert {s.format_version for s in segs} == {2}
+            assert {s.format_version for s in segs} == {sg.FORMAT_VERSION}
             assert {s.base_hash for s in segs} == {pub.published[v - 1].weights_hash}
             assert (
                 hashlib.sha256(b"".join(bytes(s.raw) for s in segs if not s.is_trailer)).digest()
