@@ -259,3 +259,13 @@ def test_dynamic_sampling_widens_the_training_seeds():
     data["job"]["grpo"] = {"dynamic_sampling": True}  # up to 4x the groups a step: seeds 0..527
     with pytest.raises(SpecError, match=r"seed 200 is one the training draws \(seeds 0\.\.527\)"):
         plan(data)
+
+
+@pytest.mark.parametrize("name", ["frozenlake", "multitask"])
+def test_the_examples_validate_frozenlake_on_held_out_maps(name):
+    from rollart.job.spec import load_job_file
+
+    data = load_job_file(Path(__file__).resolve().parents[3] / "examples" / f"{name}.yaml")
+    (et,) = plan(data)
+    assert et.task == "frozenlake" and et.samples == 4 and et.score_target == 0.8
+    assert len(et.prompts) == 4 and all(p.options["desc"] != "SFFF,FHFH,FFFH,HFFG" for p in et.prompts)
