@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from . import errors, ids, timeutil
 
@@ -92,6 +93,17 @@ def duration(field: str, d: Duration, *, max_seconds: float | None = None, requi
     if required and secs <= 0:
         raise errors.InvalidArgument(field, "is required (a positive duration)")
     return secs
+
+
+#: The range of a valid ``google.protobuf.Timestamp`` (0001-01-01 to 9999-12-31, UTC).
+MIN_TIMESTAMP_S, MAX_TIMESTAMP_S = -62_135_596_800, 253_402_300_799
+
+
+def timestamp(field: str, ts: Timestamp) -> float:
+    """Seconds since the epoch of a caller's Timestamp, if protobuf's own range and nanos rule allow it."""
+    if not 0 <= ts.nanos < 1_000_000_000 or not MIN_TIMESTAMP_S <= ts.seconds <= MAX_TIMESTAMP_S:
+        raise errors.InvalidArgument(field, "is not a valid timestamp")
+    return ts.seconds + ts.nanos / 1e9
 
 
 def text(field: str, value: str, max_chars: int, *, required: bool = False) -> str:

@@ -13,6 +13,7 @@ import json
 import grpc
 
 from rollart.runtime import errors, ids
+from rollart.runtime import validation as v
 from rollart.runtime.config import _check_address
 from rollart.v1 import common_pb2
 from rollart.v1 import llmproxy_pb2 as lp
@@ -76,6 +77,11 @@ def generate(req: lp.TrajectoryGenerateRequest) -> None:
         raise TurnError(INVALID, "turn must be >= 0", field="turn")
     if not 0 <= req.chunk_tokens <= MAX_CHUNK_TOKENS:
         raise TurnError(INVALID, "chunk_tokens must be >= 0", field="chunk_tokens")
+    if req.HasField("deadline"):
+        try:
+            v.timestamp("deadline", req.deadline)
+        except errors.InvalidArgument as exc:
+            raise TurnError(INVALID, exc.details(), field="deadline") from None
 
 
 def tokenize(request: lp.ProxyTokenizeRequest) -> None:

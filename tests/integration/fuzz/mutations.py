@@ -23,6 +23,14 @@ UINT32 = {F.TYPE_UINT32, F.TYPE_FIXED32}
 UINT64 = {F.TYPE_UINT64, F.TYPE_FIXED64}
 FLOATS = {F.TYPE_FLOAT, F.TYPE_DOUBLE}
 STRINGS = ["", "x" * 70_000, "\x00\n\t../../etc/passwd%s{}", "é" * 300, "a b", "-1", "NaN"]
+# Long unicode for every string field (issue 30): right-to-left marks and overrides, emoji and accents under
+# the usual 1,024-character bound but over NAME_MAX (255) bytes; the same with a NUL; and 4 KiB+ of them.
+_RTL_EMOJI = "\u200f🧪\u202eé" * 225  # 900 characters, 2,700 UTF-8 bytes
+UNICODE_STRINGS = {
+    "rtl-emoji-900": _RTL_EMOJI,
+    "nul-rtl": "a/\x00/" + _RTL_EMOJI[:400],
+    "rtl-emoji-4k": "🧪\u202e" * 2100,  # 4,200 characters, 14.7 KB
+}
 TIME_TYPES = {"google.protobuf.Duration", "google.protobuf.Timestamp"}
 
 Setter = Callable[[Message], None]
@@ -128,6 +136,67 @@ def variants(desc: Descriptor, depth: int = 0, base: Message | None = None) -> I
             except (ValueError, TypeError, OverflowError):
                 continue  # the Python runtime itself refuses this value: the wire-level cases cover it
             yield label, m
+
+
+def unicode_variants(
+    desc: Descriptor, base: Message | None = None, depth: int = 0
+) -> Iterator[tuple[str, Message]]:
+    """For every string field (map keys and values, repeated strings, and the string fields of nested messages
+    two levels down), a copy of ``base`` (or the empty message) with that one field set to each of
+    :data:`UNICODE_STRINGS` (not sampled: every field gets every value)."""
+    for fd in desc.fields:
+        name = fd.name
+        values: list[tuple[str, str, object]] = []  # (label, how, value)
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            key_fd, val_fd = fd.message_type.fields_by_name["key"], fd.message_type.fields_by_name["value"]
+            for label, text in UNICODE_STRINGS.items():
+                if key_fd.type == F.TYPE_STRING and val_fd.type in (F.TYPE_MESSAGE, F.TYPE_STRING):
+                    values.append((f"{name}{{key {label}}}", "map-key", text))
+                if val_fd.type == F.TYPE_STRING:
+                    values.append((f"{name}{{value {label}}}", "map-value", text))
+        elif fd.type == F.TYPE_STRING:
+            for label, text in UNICODE_STRINGS.items():
+                values.append((f"{name}[{label}]" if fd.is_repeated else f"{name}={label}", "string", text))
+        elif fd.type == F.TYPE_MESSAGE and depth < 2 and fd.message_type.full_name not in TIME_TYPES:
+            nested = None
+            if base is not None and not fd.is_repeated and base.HasField(name):
+                nested = getattr(base, name)
+            elif base is not None and fd.is_repeated and len(getattr(base, name)):
+                nested = getattr(base, name)[0]
+            for label, sub in unicode_variants(fd.message_type, nested, depth + 1):
+                values.append((f"{name}[{label}]" if fd.is_repeated else f"{name}.{label}", "message", sub))
+        for label, how, value in values:
+            m = new(desc)
+            if base is not None:
+                m.CopyFrom(base)
+                if fd.is_repeated or fd.message_type is not None:
+                    m.ClearField(name)
+            field = getattr(m, name) if fd.is_repeated or fd.message_type is not None else None
+            if how == "map-key":
+                if fd.message_type.fields_by_name["value"].type == F.TYPE_MESSAGE:
+                    field[value].SetInParent()
+                else:
+                    field[value] = "v"
+            elif how == "map-value":
+                field[_key(fd.message_type.fields_by_name["key"], 0)] = value
+            elif how == "string":
+                if fd.is_repeated:
+                    field.append(value)
+                else:
+                    setattr(m, name, value)
+            else:
+                target = field.add() if fd.is_repeated else field
+                target.CopyFrom(value)
+            yield label, m
+
+
+def unicode_cases(method: MethodDescriptor, base: Message | None = None) -> list[tuple[str, bytes]]:
+    """:func:`unicode_variants` of the request type, of ``base`` (a valid request) when given, serialized."""
+    out = [(f"unicode {label}", m.SerializeToString()) for label, m in unicode_variants(method.input_type)]
+    if base is not None:
+        seeded = unicode_variants(method.input_type, base)
+        out += [(f"unicode seeded {label}", m.SerializeToString()) for label, m in seeded]
+    return out
 
 
 def _varint(n: int) -> bytes:

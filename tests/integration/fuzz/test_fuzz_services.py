@@ -5,7 +5,9 @@ reward, trainer (no job), envmanager and LLMProxy (no actors). Not the actor: it
 
 For each RPC of each service (found through the generated descriptors): the empty message, every field at the
 extremes of its type (see ``mutations``), wrong wire types, invalid UTF-8, truncated and random bytes, all with
-the job token; then token-less requests just under each service's receive limit, built to be expensive to parse.
+the job token; long unicode values (right-to-left marks, emoji, NUL, 4 KiB+) in every string field of every RPC
+(``mutations.unicode_cases``); then token-less requests just under each service's receive limit, built to be
+expensive to parse.
 
 Asserted: no call ends UNKNOWN or INTERNAL (a crash, not a status) or with details that echo the input
 (over 1 KiB); each process' memory grows by less than a
@@ -121,6 +123,18 @@ def seeds() -> dict[str, object]:
         "rollart.v1.LLMProxy.Tokenize": llmproxy_pb2.ProxyTokenizeRequest(
             task="math", request=common_pb2.TokenizeRequest(
                 input=common_pb2.ModelInput(messages=[common_pb2.ChatMessage(role="user", content="hi")]))
+        ),
+        # Valid up to the job's settings (no ledger endpoint: refused before anything starts), so every string
+        # of the spec reaches its check (spec.model once reached the file system unchecked: issue 30).
+        "rollart.v1.Trainer.StartJob": trainer_pb2.StartJobRequest(
+            spec=trainer_pb2.TrainerJobSpec(job_id="fuzzjob", model="fuzz/model", batch_size=4, group_size=2)
+        ),
+        # An environment no registry knows: refused after every static check of the spec.
+        "rollart.v1.EnvManager.StartLoops": envmanager_pb2.StartLoopsRequest(
+            group_id="fz", count=1, env=envmanager_pb2.EnvironmentSpec(environment="fuzz:none")
+        ),
+        "rollart.v1.EnvManager.RunEpisode": envmanager_pb2.RunEpisodeRequest(
+            env=envmanager_pb2.EnvironmentSpec(environment="fuzz:none")
         ),
         "rollart.v1.ResourceManager.RegisterWorker": resource_manager_pb2.RegisterWorkerRequest(
             worker=resource_manager_pb2.Worker(worker_id="fw", role="r", endpoint="127.0.0.1:9", pool="fz",
@@ -263,7 +277,10 @@ async def fuzz(targets: dict[str, Target]) -> None:
     for t in targets.values():
         for svc in t.proto.DESCRIPTOR.services_by_name.values():
             for method in svc.methods:
-                for label, payload in mutations.cases(method, rng, PER_METHOD, bases.get(method.full_name)):
+                base = bases.get(method.full_name)
+                for label, payload in mutations.cases(method, rng, PER_METHOD, base):
+                    jobs.append(run(t, method, label, payload, MD))
+                for label, payload in mutations.unicode_cases(method, base):
                     jobs.append(run(t, method, label, payload, MD))
     rng.shuffle(jobs)
     await asyncio.gather(*jobs)
@@ -308,15 +325,21 @@ def test_fuzzed_requests_get_statuses_not_crashes(cluster):
     after = ledger_state(cluster["ledger"].address)
     assert after == before, "the fuzzer changed the ledger's state"
     codes: dict[str, int] = {}
+    unicode_codes: dict[str, int] = {}
     for t in cluster.values():
         for o in t.outcomes:
             codes[o[2].name] = codes.get(o[2].name, 0) + 1
+            if o[1].startswith("unicode "):
+                unicode_codes[o[2].name] = unicode_codes.get(o[2].name, 0) + 1
+    assert codes.get("UNKNOWN", 0) == 0 and unicode_codes, (codes, unicode_codes)
     if os.environ.get("FUZZ_DEBUG"):
         for t in cluster.values():
             for o in t.outcomes:
                 if o[2] == grpc.StatusCode.OK:
                     print("OK", t.name, o[0], o[1][:80])
-    print(f"fuzz: {total} calls in {elapsed:.1f}s; codes {codes}; RSS growth MiB (whole run, token-less phase) {json.dumps(report)}")
+    print(f"fuzz: {total} calls in {elapsed:.1f}s; codes {codes}; UNKNOWN {codes.get('UNKNOWN', 0)};"
+          f" of them long unicode: {sum(unicode_codes.values())} calls, codes {unicode_codes};"
+          f" RSS growth MiB (whole run, token-less phase) {json.dumps(report)}")
 
 
 def test_duration_fuzz_values_are_what_the_issue_reported():
