@@ -151,6 +151,23 @@ def metric_names(record: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def validation_names(rec: Mapping[str, Any]) -> dict[str, float]:
+    """A validation record (a ``"kind": "validation"`` line of metrics.jsonl, rollart.job.evaluation) as
+    ``val/<task>/<stat>``: score, mean@n and pass@n (unless the evaluation failed), tokens, seconds, failures."""
+    task = str(rec.get("task") or "default")
+    n = rec.get("n")
+    out: dict[str, float] = {}
+    pairs = [("tokens", rec.get("tokens_generated")), ("seconds", rec.get("eval_seconds")),
+             ("episodes_failed", rec.get("episodes_failed"))]
+    if not rec.get("failed"):
+        pairs += [("score", rec.get("score")), (f"mean@{n}", rec.get("mean_at_n")), (f"pass@{n}", rec.get("pass_at_n"))]
+    for stat, value in pairs:
+        v = _num(value)
+        if v is not None:
+            out[f"val/{task}/{stat}"] = v
+    return out
+
+
 # --------------------------------------------------------------------------------------------- settings
 
 KEYS = ("enabled", "tensorboard", "wandb", "mlflow", "samples", "prometheus")
@@ -311,6 +328,10 @@ class Backend:
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         raise NotImplementedError
 
+    def validation(self, step: int, values: dict[str, float], wall_time: float) -> None:
+        """Validation figures at the step they evaluated (which may come after later steps' metrics)."""
+        self.log(step, values, wall_time)
+
     def close(self, ok: bool) -> None:
         raise NotImplementedError
 
@@ -391,11 +412,17 @@ class WandbBackend(Backend):
             # The run's own console and the system monitor would compete with the job for 2 cores.
             settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
         )
+        # Validation arrives after later steps: its charts use its own x-axis (W&B refuses steps that go back).
+        self.run.define_metric("val/step")
+        self.run.define_metric("val/*", step_metric="val/step")
         state["wandb"] = {"id": run_id, "dir": str(self.run.dir), "mode": self.s.mode}
 
     def log(self, step: int, values: dict[str, float], wall_time: float) -> None:
         self.run.log(values, step=step)
         self.step = max(self.step, step)
+
+    def validation(self, step: int, values: dict[str, float], wall_time: float) -> None:
+        self.run.log({**values, "val/step": step}, step=max(step, self.step))
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         cols, data = table(rows)
@@ -631,6 +658,20 @@ class Tracker:
         self._save()
         return True
 
+    def log_validation(self, rec: Mapping[str, Any]) -> bool:
+        """Log one validation record at its ``eval_step``; False when that task's step was logged before."""
+        task = str(rec.get("task") or "default")
+        step = int(rec.get("eval_step", 0))
+        logged = self.state.setdefault("validation", {})
+        if step <= int(logged.get(task, -1)):
+            return False
+        values = validation_names(rec)
+        wall = float(rec.get("finished_at") or 0.0) or time.time()
+        self._each(f"validation of step {step}", lambda b: b.validation(step, values, wall))
+        logged[task] = step
+        self._save()
+        return True
+
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         """Sampled trajectories of ``step``: ``<out>/samples.jsonl`` and a table (text) in every backend."""
         if not rows:
@@ -676,6 +717,7 @@ class RunTracking:
         self.token = ""
         self.batch_size = 0
         self.asked: set[int] = set()
+        self.metrics_offset = 0  # validation lines of metrics.jsonl read so far (rollart.job.evaluation)
 
     def start(self, state_dir: Path, state: dict[str, Any], token: str, batch_size: int) -> None:
         from . import monitoring
@@ -705,8 +747,27 @@ class RunTracking:
                 self.tracker.log_step(to_record(ev.step_finished))
             elif kind == "phase":
                 await self._sample(ev.phase.step, ev.phase.phase)
+            self._validation()
         except Exception as exc:
             self.say(f"tracking         {kind} event not tracked ({_line(exc)})")
+
+    def _validation(self) -> None:
+        """Validation records appended to metrics.jsonl since the last look (whole lines only)."""
+        path = self.out / "metrics.jsonl"
+        if self.tracker is None or not path.is_file():
+            return
+        with path.open("rb") as fh:
+            fh.seek(self.metrics_offset)
+            chunk = fh.read()
+        end = chunk.rfind(b"\n") + 1
+        self.metrics_offset += end
+        for line in chunk[:end].splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("kind") == "validation" and "eval_step" in rec:
+                self.tracker.log_validation(rec)
 
     async def _sample(self, step: int, phase: int) -> None:
         from rollart.v1 import trainer_pb2
@@ -727,6 +788,8 @@ class RunTracking:
 
     def close(self, ok: bool) -> None:
         if self.tracker is not None:
+            with contextlib.suppress(Exception):
+                self._validation()  # the evaluation after the last step
             self.tracker.close(ok)
             self.tracker = None
 

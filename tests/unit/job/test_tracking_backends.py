@@ -37,6 +37,13 @@ def _record(step: int) -> dict[str, Any]:
     }
 
 
+def _val(step: int) -> dict[str, Any]:
+    """A validation line of metrics.jsonl as rollart.job.evaluation writes it."""
+    return {"kind": "validation", "eval_step": step, "task": "frozenlake", "score": step / 8, "n": 4,
+            "mean_at_n": step / 8, "pass_at_n": 0.5, "tokens_generated": 100, "eval_seconds": 2.0, "failed": False,
+            "finished_at": 1_700_000_000.5 + step}
+
+
 def _row(step: int) -> dict[str, Any]:
     return {"step": step, "task": "frozenlake", "reward": 1.0, "version": step - 1, "staleness": 0,
             "trajectory_id": f"t{step}", "prompt": "S F F", "turns": [{"observation": "S F F", "action": "right"}]}
@@ -119,9 +126,12 @@ def test_every_backend_writes_what_its_reader_reads_back_and_resume_adds_no_dupl
     lines: list[str] = []
     t = _tracker(out, fresh=True, lines=lines)
     assert t.start() == ["tensorboard", "wandb", "mlflow"], lines
+    assert t.log_validation(_val(0))  # the evaluation before training
     for s in (1, 2, 3):
         assert t.log_step(_record(s))
-    t.log_samples(1, [_row(1)])
+        if s == 2:
+            assert t.log_validation(_val(2))
+    t.log_samples(1, [_row(1)])  # samples read after later steps' metrics
     t.close()
     state = json.loads((out / STATE_FILE).read_text())
     assert state["last_step"] == 3 and state["wandb"]["mode"] == "offline"
@@ -131,12 +141,15 @@ def test_every_backend_writes_what_its_reader_reads_back_and_resume_adds_no_dupl
     t.start()
     assert [t.log_step(_record(s)) for s in (1, 2, 3, 4, 5)] == [False, False, False, True, True]
     t.log_samples(5, [_row(5)])
+    assert [t.log_validation(_val(s)) for s in (0, 2, 4)] == [False, False, True]  # 4 finishes after step 5
     t.close()
 
     scalars = tb_scalars(out / "tb")
     assert scalars["reward/mean"] == [(s, pytest.approx(s / 10)) for s in (1, 2, 3, 4, 5)]
     assert {"train/entropy", "timing_s/step", "perf/samples_per_s", "task/frozenlake/reward_mean",
             "val/frozenlake/mean@4"} <= set(scalars)
+    assert scalars["val/frozenlake/score"] == [(s, pytest.approx(s / 8)) for s in (0, 2, 4)]
+    assert [s for s, _ in scalars["val/frozenlake/pass@4"]] == [0, 2, 4]
     text = tb_text(out / "tb", "samples/frozenlake")
     assert [s for s, _ in text] == [1, 5] and "right" in text[0][1]
 
@@ -145,6 +158,8 @@ def test_every_backend_writes_what_its_reader_reads_back_and_resume_adds_no_dupl
     steps = [s for s, items in history if "reward/mean" in items]
     assert steps == [1, 2, 3, 4, 5]
     assert any(items.get("samples/_type") == "table-file" for _, items in history)
+    # Validation on its own x-axis (val/step), each evaluated step once.
+    assert [items["val/step"] for _, items in history if "val/frozenlake/score" in items] == [0, 2, 4]
     tables = list((out / "wandb").glob("offline-run-*/files/media/table/*.table.json"))
     assert tables and "right" in tables[0].read_text()
     dry = subprocess.run([str(BIN / "wandb"), "sync", "--dry-run", str(out / "wandb")], capture_output=True,
@@ -157,6 +172,7 @@ def test_every_backend_writes_what_its_reader_reads_back_and_resume_adds_no_dupl
     history_ml = client.get_metric_history(run.info.run_id, "reward/mean")
     assert sorted(m.step for m in history_ml) == [1, 2, 3, 4, 5]
     assert "val/frozenlake/mean_4" in run.data.metrics  # '@' is not allowed in an MLflow name
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/frozenlake/score")) == [0, 2, 4]
     exp = client.get_experiment(run.info.experiment_id)
     assert exp.name == "frozenlake" and len(client.search_runs([exp.experiment_id])) == 1
     arts = {a.path for a in client.list_artifacts(run.info.run_id, "samples")}
