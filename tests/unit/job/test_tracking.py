@@ -165,3 +165,28 @@ def test_rollart_samples_prints_them(tmp_path: Path):
     assert none.returncode == 1 and "steps with samples: 5, 10" in none.stderr
     missing = subprocess.run([*cli[:-1], str(tmp_path / "nope")], capture_output=True, text=True)
     assert missing.returncode == 1 and "no samples.jsonl" in missing.stderr
+
+
+def test_run_tracking_reads_whole_validation_lines_and_never_raises(tmp_path: Path):
+    import asyncio
+
+    from rollart.job.tracking import RunTracking
+
+    lines: list[str] = []
+    rt = RunTracking({"job": {}, "tracking": {"samples": False}}, tmp_path, "j", fresh=True, say=lines.append)
+    rt.start(tmp_path / "cluster", {"services": {}}, "token", 8)
+    assert (tmp_path / "cluster" / "prometheus" / "targets.json").is_file()  # any Prometheus can scrape the run
+    val = {"kind": "validation", "eval_step": 0, "task": "t", "score": 0.5, "n": 2, "mean_at_n": 0.5}
+    step = {"step": 1, "reward_mean": 0.1}
+    # A validation line, a step line (the trainer's, tracked from its event instead) and half a line being written.
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(val) + "\n" + json.dumps(step) + "\n" + '{"kind": "valid')
+    ev = trainer_pb2.TrainerEvent(step_finished=trainer_pb2.StepMetrics(step=1, reward_mean=0.1))
+    asyncio.run(rt.on_event(ev))
+    assert rt.tracker is not None and rt.tracker.last_step == 1
+    assert rt.tracker.state["validation"] == {"t": 0}
+    assert rt.metrics_offset == len(json.dumps(val) + "\n" + json.dumps(step) + "\n")  # the half line waits
+    rt.tracker.log_step = None  # type: ignore[assignment,method-assign]  # a tracker that breaks
+    asyncio.run(rt.on_event(trainer_pb2.TrainerEvent(step_finished=trainer_pb2.StepMetrics(step=2))))
+    assert any("step_finished event not tracked" in line for line in lines)
+    rt.close(ok=True)
+    rt.stop()
