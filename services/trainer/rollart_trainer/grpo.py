@@ -579,7 +579,6 @@ class StepStats:
     is_truncated_fraction: float = 0.0
     is_masked_fraction: float = 0.0
     overlong_penalty_mean: float = 0.0  # mean reward penalty of the overlong shaping (0 when off)
-    filtered_groups: int = 0  # zero-variance groups dynamic sampling dropped for this batch
     grad_norm: float = 0.0  # before clipping (last epoch)
     learning_rate: float = 0.0
     tokens_trained: int = 0  # agent tokens that were forwarded (per epoch)
