@@ -44,6 +44,8 @@ HUB_VERSIONS = Gauge("rollart_weights_hub_versions", "Versions held by a hub", [
 class HubError(errors.Coded):
     """A request the hub cannot serve; ``code`` is the gRPC status name (``runtime.errors`` maps it)."""
 
+    code: str  # a status name, as every caller passes
+
 
 def _ts(seconds: float | None) -> Timestamp | None:
     return None if seconds is None else timeutil.timestamp(seconds)

@@ -81,6 +81,8 @@ class StagingError(errors.Coded):
     holds the deltas after ``at`` (the owner may load a checkpoint instead).
     """
 
+    code: str  # a status name, as every caller passes
+
     def __init__(self, code: str, message: str, *, at: int | None = None, out_of_range: bool = False) -> None:
         super().__init__(code, message)
         self.at = at
