@@ -13,7 +13,8 @@ docs/architecture.md, "Wire formats"). Typical use:
 Format version 3 (the default) names the base weights' identity h(v-1) (see ``identity``), codes values as
 XOR with the base, codes streams with Zstandard when smaller, stores a tensor densely when that is smaller
 and packs small tensors into shared segments; versions 1 and 2 stay readable and writable
-(``format_version=1`` or ``2``). Modules: extract, encode, decode, apply (``codec`` re-exports them).
+(``format_version=1`` or ``2``). Modules: extract, writer, encode, decode, apply (``codec`` re-exports
+them).
 
 A relay that forwards without decoding uses ``parse_segment(raw, key)`` (verifies CRC and HMAC, reads
 the header) and ``split_segments``/``peek_length`` to frame a byte stream.

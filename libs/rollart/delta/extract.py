@@ -47,10 +47,15 @@ def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
 
 
 def extract_tensor(
-    et: EngineTensor, base: Mapping[str, np.ndarray], target: Mapping[str, np.ndarray], scratch: Scratch | None = None
+    et: EngineTensor,
+    base: Mapping[str, np.ndarray],
+    target: Mapping[str, np.ndarray],
+    scratch: Scratch | None = None,
+    xor: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Changed positions of an engine tensor (member block offsets added) and the new raw values. With
-    ``scratch`` they may be views of its buffers (valid until the next tensor is extracted with it)."""
+    """Changed positions of an engine tensor (member block offsets added) and the new raw values (``xor``:
+    new XOR base, format 3). With ``scratch`` they may be views of its buffers (valid until the next tensor
+    is extracted with it)."""
     dtype = dt.by_name(et.dtype)
     members: list[tuple[np.ndarray, np.ndarray, int]] | None = []
     for p in et.parts:
@@ -60,7 +65,7 @@ def extract_tensor(
             continue
         flat_a, flat_b = (np.ascontiguousarray(x).reshape(-1).view(dtype.raw) for x in (a, b))
         members.append((flat_a, flat_b, p.offset))
-    fast = kernels.scan_parts(members, scratch) if members else None
+    fast = kernels.scan_parts(members, scratch, xor) if members else None
     if fast is not None:  # one compiled pass over every member: compare, positions and values (same as below)
         return fast
     idx_parts, val_parts = [], []
@@ -69,7 +74,10 @@ def extract_tensor(
         pos = changed_positions(a, b)
         if pos.size:
             idx_parts.append(pos + p.offset if p.offset else pos)
-            val_parts.append(np.ascontiguousarray(b).reshape(-1).view(dtype.raw)[pos])
+            new = np.ascontiguousarray(b).reshape(-1).view(dtype.raw)[pos]
+            if xor:
+                new ^= np.ascontiguousarray(a).reshape(-1).view(dtype.raw)[pos]
+            val_parts.append(new)
     if not idx_parts:
         return np.empty(0, np.int64), np.empty(0, dtype.raw)
     if len(idx_parts) == 1:

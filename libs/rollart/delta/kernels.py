@@ -61,8 +61,9 @@ def _compile() -> dict[str, Any]:
             m8[g] = np.uint8((f64[g] * mag) >> np.uint64(56))
 
     @jit
-    def scan16(a, b, s, stop, off, pos, vals, k):
-        # a, b: the two tensors' 2-byte bit patterns; positions are written with `off` added. Per block of B
+    def scan16(a, b, s, stop, off, pos, vals, k, xm):
+        # a, b: the two tensors' 2-byte bit patterns; positions are written with `off` added, values are
+        # b ^ (a & xm) (xm 0: the new bits; 0xFFFF: their XOR with the old, format 3). Per block of B
         # elements: flags (vectorised), packed to one bit per element (vectorised), then only the set bits are
         # visited (count trailing zeros, clear the lowest), so an unchanged element costs a vector compare.
         # The first set bit of each 64-element mask is taken without a branch (written always, counted only
@@ -84,13 +85,13 @@ def _compile() -> dict[str, Any]:
                 base = s + 64 * q
                 p = base + (trailing_zeros(mask) & 63)  # mask 0: element `base`, in bounds, not counted
                 pos[k] = p + off
-                vals[k] = b[p]
+                vals[k] = b[p] ^ (a[p] & xm)
                 k += mask != 0
                 mask &= mask - np.uint64(1)
                 while mask:
                     p = base + trailing_zeros(mask)
                     pos[k] = p + off
-                    vals[k] = b[p]
+                    vals[k] = b[p] ^ (a[p] & xm)
                     k += 1
                     mask &= mask - np.uint64(1)
             s = e
@@ -169,12 +170,13 @@ def scan_changed(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def scan_parts(
-    parts: list[tuple[np.ndarray, np.ndarray, int]], scratch: Scratch | None = None
+    parts: list[tuple[np.ndarray, np.ndarray, int]], scratch: Scratch | None = None, xor: bool = False
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """:func:`scan_changed` over the members of one engine tensor, ``(old, new, offset)`` in ascending offset
     order, into one pair of arrays (positions with the member's offset added): what numpy gives by scanning
     each and concatenating. None unless every member qualifies. Output sized from a sample of each member;
-    with ``scratch``, views of its buffers (valid until they are asked for again)."""
+    with ``scratch``, views of its buffers (valid until they are asked for again). ``xor``: the values are
+    new XOR old (format 3) instead of the new bits."""
     if not parts or not available():
         return None
     cap = 1 << 16
@@ -186,10 +188,11 @@ def scan_parts(
     pos = np.empty(cap, np.int64) if scratch is None else scratch.array("positions", cap, np.int64)
     vals = np.empty(cap, np.uint16) if scratch is None else scratch.array("values", cap, np.uint16)
     k = 0
+    xm = np.uint16(0xFFFF if xor else 0)
     for old, new, off in parts:
         s = 0
         while True:
-            s, k = _state["scan16"](old, new, s, old.size, off, pos, vals, k)
+            s, k = _state["scan16"](old, new, s, old.size, off, pos, vals, k, xm)
             if s >= old.size:
                 break
             pos = np.resize(pos, 2 * pos.size)

@@ -76,6 +76,11 @@ def test_scan_parts_concatenates_members_with_their_offsets() -> None:
     assert np.array_equal(got[0], np.concatenate([w + off for w, (_, _, off) in zip(want, members, strict=True)]))
     assert np.array_equal(got[1], np.concatenate([b[w] for w, (_, b, _) in zip(want, members, strict=True)]))
     assert kernels.scan_parts([(a0, b0, 0), (a0[:100], b0[:100], n)]) is None  # one member too small
+    # format 3: the same positions, values new XOR old
+    got_x = kernels.scan_parts(members, xor=True)
+    assert got_x is not None and np.array_equal(got_x[0], got[0])
+    xor = [(b ^ a)[w] for w, (a, b, _) in zip(want, members, strict=True)]
+    assert np.array_equal(got_x[1], np.concatenate(xor))
 
 
 @needs_numba
