@@ -26,6 +26,7 @@ from grpc import aio
 
 from rollart.local import cluster as local
 from rollart.local.processes import ProcessError
+from rollart.local.regions import RegionError, Regions, link_counters, parse_regions, route_from_state
 from rollart.local.supervisor import Event, Supervisor, base_name
 from rollart.runtime.client import channel
 from rollart.v1 import (
@@ -113,6 +114,8 @@ class RunOptions:
     overrides: list[str] = field(default_factory=list)  # --set KEY=VALUE, applied to the job file
     # cluster.actors as a list of pools (kinds, engine settings, CPUs); empty: `actors` in the default pool.
     actor_pools: list[ActorPool] = field(default_factory=list)
+    # cluster.regions: services placed in regions joined by emulated links (None: one loopback region).
+    regions: Regions | None = None
 
 
 def _section(data: dict[str, Any], name: str) -> dict[str, Any]:
@@ -215,6 +218,7 @@ class Runner:
                 env_overrides=overrides,
                 log=lambda line: self.say("  " + line),
                 ready_timeout=120.0,
+                regions=self.opts.regions,
             )
         finally:
             for k, v in saved.items():
@@ -231,6 +235,12 @@ class Runner:
         spec.endpoints.llmproxy = spec.endpoints.llmproxy or svc["llmproxy"]["address"]
         if not spec.publish.relay_endpoints:
             spec.publish.relay_endpoints.append(svc["relay"]["address"])
+        if self.opts.regions is not None:  # the trainer reaches peers in other regions through its links
+            spec.endpoints.ledger = route_from_state(self.state, "trainer", spec.endpoints.ledger)
+            spec.endpoints.llmproxy = route_from_state(self.state, "trainer", spec.endpoints.llmproxy)
+            routed = [route_from_state(self.state, "trainer", r) for r in spec.publish.relay_endpoints]
+            del spec.publish.relay_endpoints[:]
+            spec.publish.relay_endpoints.extend(routed)
         if not spec.publish.mooncake_master and self.state.get("mooncake"):
             spec.publish.mooncake_master = self.state["mooncake"]["address"]
         spec.metrics_path = str((out / "metrics.jsonl").resolve())
@@ -543,6 +553,8 @@ class Runner:
             "final": self.final,
             # Process groups of the cluster (every service is a session leader): all gone after the run.
             "process_groups": self._process_groups(),
+            # cluster.regions: bytes through each link direction and forwarder (None without regions).
+            "links": link_counters(self.state_dir),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         print(
@@ -577,7 +589,7 @@ class Runner:
     def _process_groups(self) -> dict[str, int]:
         st = local.read_state(self.state_dir) if self.state_dir.exists() else {}
         out = {name: info["pid"] for name, info in st.get("services", {}).items()}
-        for extra in ("redis", "mooncake"):
+        for extra in ("redis", "mooncake", "links"):
             if st.get(extra):
                 out[extra] = st[extra]["pid"]
         return out
@@ -598,6 +610,10 @@ def run(opts: RunOptions, log: TextIO = sys.stderr) -> int:
     cluster = _section(data, "cluster")
     opts.actor_pools = cluster_actor_pools(cluster)
     opts.actors = sum(p.count for p in opts.actor_pools) or int(cluster.get("actors", opts.actors))
+    try:
+        opts.regions = parse_regions(cluster, local.SERVICE_NAMES, opts.actors)
+    except RegionError as exc:
+        raise SpecError(str(exc)) from None
     opts.loops = int(data.get("loops", opts.loops))
     if not opts.timeout and run_section.get("timeout"):
         opts.timeout = float(str(run_section["timeout"]).rstrip("s"))

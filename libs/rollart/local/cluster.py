@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .mooncake import mooncake_master_binary, start_mooncake_master
 from .processes import ManagedProcess, ProcessError, pid_alive, start_redis, stop_pid
+from .regions import RegionPlan, Regions
 
 
 @dataclass(frozen=True)
@@ -213,11 +214,13 @@ def up(
     with_mooncake: bool | None = None,
     replicas: dict[str, int] | None = None,
     env_overrides: dict[str, dict[str, str]] | None = None,
+    regions: Regions | None = None,
 ) -> dict:
     """Start redis and the requested services (default: every installed one). Returns the state.
 
     ``replicas``: instances per service (e.g. ``{"actor": 2}``); ``env_overrides``: extra environment per
-    service name (every instance of it), then per instance name (``actor-2``), applied last.
+    service name (every instance of it), then per instance name (``actor-2``), applied last. ``regions``: each
+    instance binds its region's address and reaches other regions only through emulated links (regions.py).
     """
     state = read_state(state_dir)
     procs = [state.get("redis", {}), state.get("mooncake", {}), *state.get("services", {}).values()]
@@ -239,6 +242,8 @@ def up(
         # Only the trainer (publisher) and actors (pullers) use it.
         if with_mooncake is None:
             with_mooncake = only is None or bool({"trainer", "actor"} & set(only))
+        if regions is not None:  # its transfer engine's ports would cross regions outside the links
+            with_mooncake = False
         if with_mooncake and mooncake_master_binary() is not None:
             master = start_mooncake_master(state_dir / "mooncake")
             state["mooncake"] = master.info()
@@ -249,6 +254,13 @@ def up(
             for spec in specs
             for name in instance_names(spec, (replicas or {}).get(spec.name, spec.replicas))
         ]
+        plan = None
+        if regions is not None:
+            plan = RegionPlan(regions, [name for spec, name in instances if find_script(spec.script)], state_dir)
+            state["regions"] = plan.to_state()
+            links = plan.start_links(log)
+            state["links"] = {"pid": links.pid, "log": str(links.log_path), "counters": str(state_dir / "links.json")}
+            write_state(state_dir, state)
         for spec, name in instances:
             script = find_script(spec.script)
             if script is None:
@@ -286,6 +298,12 @@ def up(
             env.update((env_overrides or {}).get(spec.name, {}))
             if name != spec.name:  # then an instance's own (e.g. "actor-2": another pool)
                 env.update((env_overrides or {}).get(name, {}))
+            if plan is not None:  # its region's listeners; peers elsewhere through its region's forwarders
+                env.update(plan.listen_env(name))
+                env = plan.rewrite(name, env)
+                leaks = plan.audit(name, env)
+                if leaks:
+                    raise ProcessError(f"{name}: addresses outside its region not through a link: {leaks}")
             if spec.prepare is not None:
                 spec.prepare(state, env, log)
             # What this instance got on top of our environment: restart() starts it again the same way.
@@ -344,7 +362,7 @@ def restart(state_dir: Path, name: str, *, ready_timeout: float = 180.0) -> dict
     env.update(info["env"])
     env["ROLLART_LISTEN"] = info["address"]
     if info.get("metrics_port"):
-        env["ROLLART_METRICS_LISTEN"] = f"127.0.0.1:{info['metrics_port']}"
+        env["ROLLART_METRICS_LISTEN"] = f"{info['address'].rpartition(':')[0]}:{info['metrics_port']}"
     if info.get("data_endpoint"):  # the relay's striped-transport listener
         env["ROLLART_DATA_LISTEN"] = info["data_endpoint"]
     ready = Path(env["ROLLART_READY_FILE"])
@@ -374,6 +392,10 @@ def down(state_dir: Path, *, log: Callable[[str], None] = print) -> bool:
         gone = stop_pid(state["mooncake"]["pid"])
         ok &= gone
         log(f"{'mooncake':<16} {'stopped' if gone else 'STILL RUNNING'}")
+    if state.get("links"):
+        gone = stop_pid(state["links"]["pid"])
+        ok &= gone
+        log(f"{'links':<16} {'stopped' if gone else 'STILL RUNNING'}")
     if state.get("redis"):
         gone = stop_pid(state["redis"]["pid"])
         ok &= gone

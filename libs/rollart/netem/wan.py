@@ -64,6 +64,14 @@ class LinkSpec:
     corrupt_at: dict[int, int] = field(default_factory=dict)
     stall_at: dict[int, tuple[int, float]] = field(default_factory=dict)  # (stream offset, seconds), once
     fault_direction: str = "up"
+    # Each chunk a direction reads waits rtt/2 plus a uniform draw in [-jitter, +jitter] seconds (order kept).
+    jitter: float = 0.0
+    # The other direction's own path (target -> client) when it differs: its rate, link_rate, rtt, jitter and
+    # stalls (an asymmetric link); None: the same as this one.
+    down: LinkSpec | None = None
+
+    def direction(self, name: str) -> LinkSpec:
+        return self.down if name == "down" and self.down is not None else self
 
 
 class TokenBucket:
@@ -211,11 +219,14 @@ class _Direction:
     def __init__(self, emu: WanEmulator, conn: _Conn, name: str, src: _Side, dst: _Side) -> None:
         spec = emu.spec
         self.emu, self.conn, self.name, self.src, self.dst = emu, conn, name, src, dst
+        self.path = path = spec.direction(name)
         now = emu._loop.time()
-        self.bucket = TokenBucket(spec.rate, emu.qmin, spec.slack_s, now) if spec.rate else None
-        self.window = RateWindow(spec.rate, spec.window_s) if spec.rate else None
-        self.delay = spec.rtt / 2
-        self.queue: deque[tuple[float, memoryview]] = deque()  # (arrival, bytes not yet released)
+        self.bucket = TokenBucket(path.rate, emu.qmin, spec.slack_s, now) if path.rate else None
+        self.window = RateWindow(path.rate, spec.window_s) if path.rate else None
+        self.delay = path.rtt / 2
+        self.jitter = path.jitter
+        self.last_due = 0.0
+        self.queue: deque[tuple[float, memoryview]] = deque()  # (due time, bytes not yet released)
         self.queued = 0
         self.cap = emu.path_bytes
         self.src_paused = False
@@ -238,13 +249,17 @@ class _Direction:
         if self.emu.tap is not None:
             self.emu.tap(self.name, data)
         now = self.emu._loop.time()
-        self.queue.append((now, memoryview(data)))
+        due = now + self.delay
+        if self.jitter:  # never before the previous chunk: TCP delivers in order
+            due = max(now, due + self.emu.rng.uniform(-self.jitter, self.jitter), self.last_due)
+        self.last_due = due
+        self.queue.append((due, memoryview(data)))
         self.queued += len(data)
         if self.queued > self.cap and not self.src_paused and self.src.transport is not None:
             self.src_paused = True
             with contextlib.suppress(Exception):
                 self.src.transport.pause_reading()
-        self.emu._pacer.wake(self, now + self.delay)
+        self.emu._pacer.wake(self, due)
 
     def feed_eof(self) -> None:
         if not self.eof:
@@ -260,15 +275,16 @@ class _Direction:
 
     def due_bytes(self, now: float) -> int:
         n = 0
-        for arrival, data in self.queue:
-            if arrival + self.delay > now:
+        for due, data in self.queue:
+            if due > now:
                 break
             n += len(data)
         return n
 
     def _limits(self) -> list[TokenBucket | RateWindow]:
         emu = self.emu
-        return [x for x in (self.bucket, self.window, emu.link, emu.link_window) if x is not None]
+        link, window = emu.dir_links.get(self.name, (emu.link, emu.link_window))
+        return [x for x in (self.bucket, self.window, link, window) if x is not None]
 
     def release(self, now: float, limit: int) -> bool:
         """Send what may go now (at most ``limit`` bytes); True when something went."""
@@ -289,7 +305,7 @@ class _Direction:
             n = min(n, int(lim.available(now) if isinstance(lim, TokenBucket) else lim.room(now)))
         if n <= 0 or n < min(due, self.emu.qmin):
             return False  # wait for a whole quantum: one wake-up per quantum, not per packet
-        spec = self.emu.spec
+        spec = self.path
         stall = False
         if spec.stall_prob:  # one draw per ``chunk`` boundary this release crosses
             rng, unit = self.emu.rng, spec.chunk
@@ -368,7 +384,7 @@ class _Direction:
             return now if self.eof else INF
         if self.dst_paused:
             return INF
-        t = max(now, self.stall_until, self.queue[0][0] + self.delay)
+        t = max(now, self.stall_until, self.queue[0][0])
         need = min(self.due_bytes(t), self.emu.qmin)
         for lim in self._limits():
             t = max(t, lim.ready_at(need, t))
@@ -503,16 +519,20 @@ class WanEmulator:
         self.listen_port = int(lport)
         self.rng = random.Random(self.spec.seed)
         s = self.spec
-        rates = [r for r in (s.rate, s.link_rate) if r]
+        paths = [s] if s.down is None else [s, s.down]
+        rates = [r for p in paths for r in (p.rate, p.link_rate) if r]
         # A release waits for a quantum, at most a quarter of the slowest window (the window check stays smooth).
         self.qmax = max(1024, min([s.quantum] + [int(r * s.window_s / 4) for r in rates]))
         self.qmin = self.qmax
         # What the emulated path holds: one bandwidth-delay product plus two quanta (kernel buffers alike).
-        self.path_bytes = int((s.rate or s.link_rate or 1e9) * s.rtt / 2) + 2 * self.qmax
+        self.path_bytes = max(int((p.rate or p.link_rate or 1e9) * p.rtt / 2) for p in paths) + 2 * self.qmax
         self.link = TokenBucket(s.link_rate, self.qmin, s.slack_s) if s.link_rate else None
         self.link_window = RateWindow(s.link_rate, s.window_s) if s.link_rate else None
         self.releases: list[tuple[float, int, int, str]] | None = [] if s.record else None
         self.tap: Callable[[str, bytes], None] | None = None  # sees every byte read (tests)
+        # Per direction ("up", "down"): a link bucket and window shared with other emulators (one link carries
+        # several forwarders' flows); a direction not named here uses this emulator's own link.
+        self.dir_links: dict[str, tuple[TokenBucket | None, RateWindow | None]] = {}
         self.conns: list[ConnStats] = []
         self._conns: set[_Conn] = set()
         self._server: asyncio.base_events.Server | None = None
