@@ -362,7 +362,7 @@ def restart(state_dir: Path, name: str, *, ready_timeout: float = 180.0) -> dict
     env.update(info["env"])
     env["ROLLART_LISTEN"] = info["address"]
     if info.get("metrics_port"):
-        env["ROLLART_METRICS_LISTEN"] = f"{info['address'].rpartition(':')[0]}:{info['metrics_port']}"
+        env["ROLLART_METRICS_LISTEN"] = f"127.0.0.1:{info['metrics_port']}"
     if info.get("data_endpoint"):  # the relay's striped-transport listener
         env["ROLLART_DATA_LISTEN"] = info["data_endpoint"]
     ready = Path(env["ROLLART_READY_FILE"])

@@ -29,8 +29,9 @@ LINK_KEYS = {"rate_mbps", "rtt_ms", "jitter_ms", "loss"}
 HOST = re.compile(r"127\.0\.(\d{1,3})\.(\d{1,3}):(\d{1,5})")
 # Services with a second, striped-transport listener (ROLLART_DATA_LISTEN) that peers dial.
 DATA_SERVICES = ("relay", "trainer")
-# Environment keys whose addresses are a service's own private store, not a peer route (docs/regions.md).
-PRIVATE_KEYS = ("ROLLART_REDIS_URL",)
+# Environment keys whose addresses are not peer routes (docs/regions.md): a service's own Redis store, and its
+# Prometheus endpoint (the operator's scraper and `rollart run` read it, outside the regions).
+PRIVATE_KEYS = ("ROLLART_REDIS_URL", "ROLLART_METRICS_LISTEN")
 
 
 class RegionError(ValueError):
@@ -223,7 +224,7 @@ class RegionPlan:
         """The instance's own listeners, on its region's address."""
         eps = self.endpoints[name]
         host = self.regions.host(self.region[name])
-        env = {"ROLLART_LISTEN": eps["address"], "ROLLART_METRICS_LISTEN": f"{host}:0"}
+        env = {"ROLLART_LISTEN": eps["address"]}
         if "data" in eps:
             env["ROLLART_DATA_LISTEN"] = eps["data"]
         if name == "llmproxy" or name.startswith("llmproxy-"):
