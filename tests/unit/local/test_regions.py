@@ -127,3 +127,32 @@ def test_link_to_path_spec():
     assert 0.3 < p.stall_prob < 0.4  # 1 - 0.99 ** (65536 / 1448)
     assert p.stall_s == 0.2
     assert path_spec({"rate_mbps": 1}).stall_prob == 0.0
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("cluster.regions.links.train->infer.rate_mbps=-1", "cluster.regions.links.train->infer.rate_mbps"),
+        ("cluster.regions.place.infer=[relay, actor, llmproxy, envmanager]", "cluster.regions.place: reward in no region"),
+        ("cluster.regions.place.mars=[]", "cluster.regions.links: no link train->mars"),
+    ],
+)
+def test_rollart_run_refuses_bad_regions_at_load(tmp_path: Path, override: str, field: str):
+    from rollart.job.run import RunOptions, run
+    from rollart.job.spec import SpecError
+
+    job = Path(__file__).resolve().parents[3] / "examples" / "geo.yaml"
+    opts = RunOptions(job_file=job, out_dir=tmp_path / "out", overrides=[override])
+    with pytest.raises(SpecError, match=field.replace(".", r"\.").replace("[", r"\[")):
+        run(opts)
+    assert not (tmp_path / "out").exists()  # refused before anything was built or started
+
+
+def test_geo_example_parses():
+    from rollart.job.spec import load_job_file
+
+    data = load_job_file(Path(__file__).resolve().parents[3] / "examples" / "geo.yaml")
+    regions = parse_regions(data["cluster"], SERVICE_NAMES, data["cluster"]["actors"])
+    assert regions is not None and regions.names == ["train", "infer"]
+    assert {regions.region_of(n) for n in ("trainer", "ledger", "resource-manager")} == {"train"}
+    assert {regions.region_of(n) for n in ("relay", "actor", "actor-2", "llmproxy", "envmanager", "reward")} == {"infer"}
