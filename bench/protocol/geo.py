@@ -44,7 +44,9 @@ def medians(metrics: Path, first: int = 3) -> dict[str, float]:
     }
 
 
-def run_mode(config: str, out: Path, steps: int, model_dir: str | None, rate_mbps: float | None) -> dict[str, Any]:
+def run_mode(
+    config: str, out: Path, steps: int, model_dir: str | None, rate_mbps: float | None, timeout: float
+) -> dict[str, Any]:
     sets = [f"job.max_steps={steps}", "eval.every=0", "eval.at_start=false"]
     if model_dir:
         sets.append(f"model.dir={model_dir}")
@@ -58,6 +60,7 @@ def run_mode(config: str, out: Path, steps: int, model_dir: str | None, rate_mbp
         sets += [f"cluster.regions.links.{k}.rate_mbps={rate_mbps}" for k in links]
         link_mbps = rate_mbps
     argv = [str(Path(sys.executable).parent / "rollart"), "run", str(JOB), "--out", str(out), "--quiet"]
+    argv += ["--timeout", str(timeout)]
     for s in sets:
         argv += ["--set", s]
     t0 = time.monotonic()
@@ -97,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", default="ideal,rollart", help="rows to run, comma-separated: ideal, rollart")
     ap.add_argument("--rate-mbps", type=float, help="the link's rate both ways (default: examples/geo.yaml's)")
     ap.add_argument("--model-dir", help="model.dir for every run (a built warm start is reused by recipe)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it is stopped")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-geo"), help="run folders (one per config)")
     ap.add_argument("--json", type=Path, help="write the rows here")
     a = ap.parse_args(argv)
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     for config in a.configs.split(","):
         if config not in ("ideal", "rollart"):
             ap.error(f"--configs: unknown config {config!r} (ideal, rollart)")
-        row = run_mode(config, a.out.resolve() / config, a.steps, a.model_dir, a.rate_mbps)
+        row = run_mode(config, a.out.resolve() / config, a.steps, a.model_dir, a.rate_mbps, a.timeout)
         print(json.dumps(row), flush=True)
         rows.append(row)
     if a.json:
