@@ -247,14 +247,6 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
     async def RegisterPool(self, request: rm.RegisterPoolRequest, context: aio.ServicerContext) -> rm.Pool:
         pool = rm.Pool()
         pool.CopyFrom(request.pool)
-        ids.check_name("pool.name", pool.name)
-        if pool.kind == common_pb2.POOL_KIND_UNSPECIFIED or pool.kind not in common_pb2.PoolKind.values():
-            raise errors.InvalidArgument("pool.kind", "is required (GPU_COMPUTE, GPU_BANDWIDTH, CPU or SERVERLESS)")
-        if pool.capacity <= 0:
-            raise errors.InvalidArgument("pool.capacity", f"must be > 0, got {pool.capacity}")
-        for f in pool.fallback_pools:
-            if not ids.is_name(f) or f == pool.name:
-                raise errors.InvalidArgument("pool.fallback_pools", f"has an invalid entry {errors.shorten(f)}")
         validators.pool(pool)
         async with self.lock:
             pools, workers, bindings = await self._load()
@@ -330,12 +322,6 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
     ) -> rm.RegisterWorkerResponse:
         w = rm.Worker()
         w.CopyFrom(request.worker)
-        ids.check_id("worker.worker_id", w.worker_id)
-        ids.check_name("worker.role", w.role)
-        if not w.endpoint or len(w.endpoint) > 512:
-            raise errors.InvalidArgument("worker.endpoint", "is required (host:port or URL, at most 512 characters)")
-        if w.ttl_seconds < 0 or w.ttl_seconds > 3600:
-            raise errors.InvalidArgument("worker.ttl_seconds", f"must be within [0, 3600], got {w.ttl_seconds}")
         validators.worker(w)
         async with self.lock:
             pools, workers, bindings = await self._load()
@@ -433,14 +419,6 @@ class ResourceManagerService(rm_grpc.ResourceManagerServicer):
     async def Bind(self, request: rm.BindRequest, context: aio.ServicerContext) -> rm.Binding:
         req = rm.BindRequest()
         req.CopyFrom(request)
-        ids.check_name("binding_id", req.binding_id)
-        ids.check_name("role", req.role)
-        if req.replicas <= 0 or req.replicas > 10_000:
-            raise errors.InvalidArgument("replicas", f"must be within [1, 10000], got {req.replicas}")
-        if req.slots_per_replica < 0:
-            raise errors.InvalidArgument("slots_per_replica", f"must be >= 0, got {req.slots_per_replica}")
-        if req.preferred_kind not in common_pb2.PoolKind.values():
-            raise errors.InvalidArgument("preferred_kind", f"{req.preferred_kind} is not a PoolKind")
         validators.bind(req)
         async with self.lock:
             pools, workers, bindings = await self._load()

@@ -1,7 +1,9 @@
-"""Request checks of the resource manager beyond the ids (built on ``rollart.runtime.validation``).
+"""Every request check of the resource manager (built on ``rollart.runtime.validation``).
 
 Invariant: nothing the resource manager stores holds a NaN, an infinity, a negative size or an unbounded string
-or list: hardware, regions, labels, TTLs and load reports are bounded here before a record is written.
+or list: ids, names, hardware, regions, labels, TTLs and load reports are checked here before a record is
+written; what needs the stored state (a pool that does not exist) stays in the servicer. See
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -74,7 +76,15 @@ def labels(field: str, values: Mapping[str, str]) -> None:
 
 
 def pool(p: rm.Pool) -> None:
-    """The parts of a pool the servicer does not check itself (name, kind, fallbacks)."""
+    """A pool to register."""
+    ids.check_name("pool.name", p.name)
+    if p.kind == common_pb2.POOL_KIND_UNSPECIFIED or p.kind not in common_pb2.PoolKind.values():
+        raise errors.InvalidArgument("pool.kind", "is required (GPU_COMPUTE, GPU_BANDWIDTH, CPU or SERVERLESS)")
+    if p.capacity <= 0:
+        raise errors.InvalidArgument("pool.capacity", f"must be > 0, got {p.capacity}")
+    for f in p.fallback_pools:
+        if not ids.is_name(f) or f == p.name:
+            raise errors.InvalidArgument("pool.fallback_pools", f"has an invalid entry {errors.shorten(f)}")
     v.integer("pool.capacity", p.capacity, 1, MAX_CAPACITY)
     hardware("pool.hardware", p.hardware)
     region("pool.region", p.region)
@@ -83,7 +93,13 @@ def pool(p: rm.Pool) -> None:
 
 
 def worker(w: rm.Worker) -> None:
-    """The parts of a worker the servicer does not check itself (id, role, pool)."""
+    """A worker to register (whether its pool exists is the servicer's to say)."""
+    ids.check_id("worker.worker_id", w.worker_id)
+    ids.check_name("worker.role", w.role)
+    if not w.endpoint or len(w.endpoint) > MAX_ENDPOINT_CHARS:
+        raise errors.InvalidArgument("worker.endpoint", "is required (host:port or URL, at most 512 characters)")
+    if w.ttl_seconds < 0 or w.ttl_seconds > MAX_TTL_SECONDS:
+        raise errors.InvalidArgument("worker.ttl_seconds", f"must be within [0, 3600], got {w.ttl_seconds}")
     v.text("worker.endpoint", w.endpoint, MAX_ENDPOINT_CHARS, required=True)
     v.number("worker.ttl_seconds", w.ttl_seconds, 0, MAX_TTL_SECONDS)
     hardware("worker.hardware", w.hardware)
@@ -100,7 +116,15 @@ def load(values: Mapping[str, float]) -> None:
 
 
 def bind(req: rm.BindRequest) -> None:
-    """The parts of a bind request the servicer does not check itself."""
+    """A bind request."""
+    ids.check_name("binding_id", req.binding_id)
+    ids.check_name("role", req.role)
+    if req.replicas <= 0 or req.replicas > 10_000:
+        raise errors.InvalidArgument("replicas", f"must be within [1, 10000], got {req.replicas}")
+    if req.slots_per_replica < 0:
+        raise errors.InvalidArgument("slots_per_replica", f"must be >= 0, got {req.slots_per_replica}")
+    if req.preferred_kind not in common_pb2.PoolKind.values():
+        raise errors.InvalidArgument("preferred_kind", f"{req.preferred_kind} is not a PoolKind")
     v.integer("slots_per_replica", req.slots_per_replica, 0, MAX_CAPACITY)
     ids.check_name("preferred_pool", req.preferred_pool, required=False)
     v.enum("preferred_kind", req.preferred_kind, common_pb2.PoolKind, required=False)

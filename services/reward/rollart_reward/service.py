@@ -28,7 +28,7 @@ from rollart.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 from rollart.v1 import resource_manager_pb2 as rm
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
-from . import metrics
+from . import metrics, validators
 from .cache import ResultCache
 from .config import RewardConfig
 from .pool import ElasticPool, PoolSettings
@@ -429,15 +429,7 @@ class RewardService(reward_pb2_grpc.RewardServicer):
     async def ConfigurePool(
         self, request: reward_pb2.ConfigureRewardPoolRequest, context: aio.ServicerContext
     ) -> reward_pb2.RewardPoolStatus:
-        if request.max_workers <= 0:
-            raise errors.InvalidArgument("max_workers", "must be > 0")
-        if request.max_workers > 1024:
-            raise errors.InvalidArgument("max_workers", "must be <= 1024")
-        if request.min_workers < 0 or request.min_workers > request.max_workers:
-            raise errors.InvalidArgument(
-                "min_workers", f"must be within [0, max_workers={request.max_workers}], got {request.min_workers}"
-            )
-        idle = timeutil.checked_duration("idle_timeout", request.idle_timeout, max_seconds=7 * 24 * 3600)
+        idle = validators.configure_pool(request)
         self.pool.configure(request.min_workers, request.max_workers, idle if idle > 0 else None)
         log.info(
             "pool configured",
