@@ -67,9 +67,10 @@ def run_mode(
     proc = subprocess.run(argv, capture_output=True, text=True)
     wall = time.monotonic() - t0
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
-    if proc.returncode != 0 or summary.get("state") != "COMPLETED":
+    metrics = out / "metrics.jsonl"
+    if not metrics.exists() or summary.get("steps", 0) < 1:
         raise RuntimeError(f"{config}: rollart run exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    m = medians(out / "metrics.jsonl")
+    m = medians(metrics)  # a run stopped by --timeout still gives the steps it made (its state says so)
     batch = int(job["job"]["batch_size"])
     row: dict[str, Any] = {
         "config": config,
@@ -82,6 +83,7 @@ def run_mode(
         "steps": m["steps"],
         "wall_seconds": wall,
         "reward_last10": summary.get("reward_last10"),
+        "state": summary.get("state"),
     }
     links_seen = summary.get("links")
     if links_seen:
