@@ -235,6 +235,11 @@ class RegionPlan:
             actor_regions = {r for n, r in self.region.items() if n.startswith("actor")} - {self.region[name]}
             if len(actor_regions) == 1:
                 env["ROLLART_DATA_ADVERTISE"] = self.routes[(actor_regions.pop(), eps["data"])]
+            # Each relay's data endpoint as the trainer must dial it (rewrite() turns both sides into the trainer
+            # region's forwarders); read once the trainer takes relay_data_endpoints (docs/regions.md).
+            relays = {e["address"]: e["data"] for n, e in self.endpoints.items() if n.startswith("relay")}
+            if relays:
+                env["ROLLART_RELAY_DATA_ENDPOINTS"] = json.dumps(relays)
         return env
 
     def rewrite(self, name: str, env: dict[str, str]) -> dict[str, str]:
