@@ -1,7 +1,7 @@
 """A user-space WAN emulator: a TCP proxy on loopback that makes each connection behave like a long-haul flow.
 
-``tc netem`` is not available on the project's machines (docs/architecture.md, "Platform facts that shape the
-code"), so delay and loss are emulated here:
+``tc netem`` is not available on the project's machines (docs/platform.md), so delay and loss are emulated
+here:
 
 - **rate cap per connection** (token bucket, each direction): what one TCP flow gets on a long, lossy
   path (window / RTT, Mathis et al.); striping over S connections is how a sender gets more;
