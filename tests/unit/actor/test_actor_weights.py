@@ -76,7 +76,7 @@ def test_pushed_segments_out_of_order_with_duplicates_stage_and_commit_bit_exact
     host, engine, mgr = _setup(model, tmp_path)
     base = load_safetensors(model / "model.safetensors")
     v1 = perturb(base, layer_projections(base, 1), seed=1)
-    msgs, h1 = delta_segments(base, v1, version=1, base_version=0)
+    msgs, h1 = delta_segments(base, v1, version=1, base_version=0, max_segment_bytes=2048)
     assert len(msgs) > 3
     order = list(reversed(msgs)) + msgs[:2]  # trailer first, then every segment, then two repeats
     new = [mgr.stage_segment(m) for m in order]

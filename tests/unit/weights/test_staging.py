@@ -18,7 +18,16 @@ def messages(
 ) -> tuple[list[common_pb2.DeltaSegment], bytes]:
     """D_version as DeltaSegment messages (several segments) and its h(v)."""
     raws = list(
-        encode_delta(base, target, job=job, version=version, base_version=base_version, key=key, max_segment_bytes=2048)
+        encode_delta(
+            base,
+            target,
+            job=job,
+            version=version,
+            base_version=base_version,
+            key=key,
+            max_segment_bytes=2048,
+            format_version=2,
+        )
     )
     out = []
     for raw in raws:

@@ -67,7 +67,7 @@ async def test_first_segment_leaves_before_extraction_ends() -> None:
 
     async def stream():
         nonlocal produced_last
-        enc = DeltaEncoder(base, target, job=JOB, version=1, key=KEY, max_segment_bytes=4096)
+        enc = DeltaEncoder(base, target, job=JOB, version=1, key=KEY, max_segment_bytes=4096, format_version=2)
         for raw in enc.segments():
             yield raw
             await asyncio.sleep(0.002)  # the next tensor's extraction

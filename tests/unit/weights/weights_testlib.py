@@ -71,6 +71,7 @@ def segments(
             key=key,
             base_version=base.version,
             max_segment_bytes=max_segment_bytes,
+            format_version=2,  # many segments per delta: these tests exercise the transport, not packing
         )
     )
 
