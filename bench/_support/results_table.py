@@ -70,6 +70,8 @@ X2 = "2 cores Intel Xeon, 24 GiB"
 
 #: bench/results/<file> -> how it was produced.
 SOURCES: dict[str, Source] = {
+    "codec-v3-synthetic-92mib-grpo-pair-343mb.json": Source(
+        "python -m bench codec --real A B", "ac5b250", "2026-12-02", X2, "1.4-4.4", "weights-codec.md"),
     "codec-synthetic-96m-grpo-pair-218m.json": Source(
         "python -m bench codec --densities 0.01,0.03,0.1 --repeat 2 --real A B", "f3cbcf3", "2026-12-01", X2, "14-17",
         "weights-codec.md"),
@@ -124,7 +126,22 @@ SOURCES: dict[str, Source] = {
 
 #: One line per figure; a table is the rows of its plane, in this order.
 ROWS: list[Row] = [
-    # weights: the delta codec (synthetic Qwen3-shaped 96M bf16 model; a real GRPO pair of 218M)
+    # weights: the delta codec, format 3 (the default; synthetic Qwen3-shaped 92 MiB bf16 model; a real GRPO pair of 343 MB)
+    Row("weights", "codec: v3 size / XOR + zstd-1, 0.1% changed", "<= 1.00x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 0.1%,method=delta v3].size_vs_xor", "{:.3f}x"),
+    Row("weights", "codec: v3 encode speed / XOR + zstd-1 (CPU), 0.1% changed", ">= 2x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 0.1%,method=delta v3].encode_cpu_speedup_vs_xor", "{:.2f}x"),
+    Row("weights", "codec: v3 size / XOR + zstd-1, 1% changed", "<= 1.00x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 1%,method=delta v3].size_vs_xor", "{:.3f}x"),
+    Row("weights", "codec: v3 encode speed / XOR + zstd-1 (CPU), 1% changed", ">= 2x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 1%,method=delta v3].encode_cpu_speedup_vs_xor", "{:.2f}x"),
+    Row("weights", "codec: v3 size / XOR + zstd-1, 10% changed", "<= 1.00x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 10%,method=delta v3].size_vs_xor", "{:.3f}x"),
+    Row("weights", "codec: v3 encode speed / XOR + zstd-1 (CPU), 10% changed", ">= 2x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 10%,method=delta v3].encode_cpu_speedup_vs_xor", "{:.2f}x"),
+    Row("weights", "codec: v3 size / XOR + zstd-1, 50% changed", "<= 1.00x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 50%,method=delta v3].size_vs_xor", "{:.3f}x"),
+    Row("weights", "codec: v3 encode speed / XOR + zstd-1 (CPU), 50% changed", ">= 2x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 50%,method=delta v3].encode_cpu_speedup_vs_xor", "{:.2f}x"),
+    Row("weights", "codec: v3 size / XOR + zstd-1, 100% changed", "<= 1.00x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 100%,method=delta v3].size_vs_xor", "{:.3f}x"),
+    Row("weights", "codec: v3 encode speed / XOR + zstd-1 (CPU), 100% changed", ">= 2x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 100%,method=delta v3].encode_cpu_speedup_vs_xor", "{:.2f}x"),
+    Row("weights", "codec: v3 size / XOR + zstd-1, GRPO-like step (lr 1e-5)", "<= 1.00x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=grpo-like lr 1e-05,method=delta v3].size_vs_xor", "{:.3f}x"),
+    Row("weights", "codec: v3 encode speed / XOR + zstd-1 (CPU), GRPO-like step (lr 1e-5)", ">= 2x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=grpo-like lr 1e-05,method=delta v3].encode_cpu_speedup_vs_xor", "{:.2f}x"),
+    Row("weights", "codec: v3 size / XOR + zstd-1, real GRPO delta (lr 1e-5, 13.2%)", "<= 1.00x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=real lr1e-05-step1 13.2%,method=delta v3].size_vs_xor", "{:.3f}x"),
+    Row("weights", "codec: v3 encode speed / XOR + zstd-1 (CPU), real GRPO delta (lr 1e-5, 13.2%)", ">= 2x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=real lr1e-05-step1 13.2%,method=delta v3].encode_cpu_speedup_vs_xor", "{:.2f}x"),
+    # weights: the delta codec, format 2 (before format 3; synthetic 96M bf16 model; a real GRPO pair of 218M)
     Row("weights", "codec: v2 size / XOR + zstd-1, 1% changed", "<= 1.00x", "codec-synthetic-96m-grpo-pair-218m.json", "[case=synthetic 1%,method=delta v2].size_vs_xor", "{:.3f}x"),
     Row("weights", "codec: v2 size / XOR + zstd-1, 10% changed", "<= 1.00x", "codec-synthetic-96m-grpo-pair-218m.json", "[case=synthetic 10%,method=delta v2].size_vs_xor", "{:.3f}x"),
     Row("weights", "codec: v2 size / XOR + zstd-1, real GRPO delta (lr 1e-5, 13.9%)", "<= 1.00x", "codec-synthetic-96m-grpo-pair-218m.json", "[case=real lr1e-05-step2 13.9%,method=delta v2].size_vs_xor", "{:.3f}x"),
