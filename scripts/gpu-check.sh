@@ -17,8 +17,8 @@
 #   vllm   a vLLM CUDA engine serves v0 (32 prompts x 128 greedy tokens: tokens/s), is updated in place to
 #          v1 (the pause), and must generate the same tokens as a fresh engine loading v1 from disk
 #
-# What it prints: one line per phase ("gpu-check: train ok in 41 s"), then one markdown table row (paste it
-# into bench/RESULTS.md):
+# What it prints: one line per phase ("gpu-check: train ok in 41 s"), then one markdown table row (for
+# bench/notes/megatron.md; a figure to keep becomes a bench/results/ JSON and a row of bench/_support/results_table.py):
 #   | vllm tokens/s | fsdp2 step s | megatron step s | megatron pp2 step s | delta encode s | delta apply s |
 #   | delta MB | bucket push/pull s | update pause s | outputs equal |
 # ("-" for a phase skipped or failed; each phase's figures also in runs/gpu-check/<phase>.json).

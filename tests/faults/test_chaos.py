@@ -20,7 +20,7 @@ from . import chaos
 
 pytest.importorskip("vllm")
 # About 5 minutes on an idle 2-core host (the model is shared with the e2e tests); 8 min measured with load 13-42
-# from other work (bench/RESULTS.md, Faults); the bound covers a busier one.
+# from other work (bench/notes/faults.md); the bound covers a busier one.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 STEPS, BATCH = 9, 16

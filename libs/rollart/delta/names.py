@@ -7,7 +7,7 @@ flattened elements, so a position in the fused tensor is ``block offset + positi
 with fixed offsets (q at 0, k at numel(q), v at numel(q)+numel(k); gate at 0, up at numel(gate)).
 
 A delta names fused tensors, so all members of a group are always updated together: vLLM loads a lone
-``q_proj`` without error and then computes garbage (docs/architecture.md, "Platform facts that shape the code").
+``q_proj`` without error and then computes garbage (docs/platform.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tensor records: the body of a format-3 data segment (docs/delta-format.md, "Data segment body, version 3").
+"""Tensor records: the body of a format-3 data segment (docs/delta-format.md, "Data segment body (kind 1), version 3").
 
 Invariant: a v3 data segment holds ``record_count`` (LEB128, >= 1) records back to back, each a varint header
 and its two streams, ending exactly at the CRC; small tensors share a segment, large ones are split into

@@ -30,7 +30,7 @@ ZSTD_LEVEL = 1  # the encoder's choice (not part of the format); fixed so that r
 # Level 1's match finder with a 64-entry hash table (2^6, libzstd's minimum; level 1 uses 2^13): the streams are
 # byte planes and LEB128 gaps, whose long matches are rare, so the big table mostly costs cache misses. On
 # bf16 value planes and gap streams it is 2-2.6x faster than plain level 1 and 0-5% smaller (fewer short
-# matches, more Huffman-coded literals); measured in bench/RESULTS.md ("Weight plane: codec").
+# matches, more Huffman-coded literals); measured in bench/notes/weights-codec.md.
 ZSTD_HASH_LOG = 6
 # The largest Zstandard window a decoder must accept (docs/delta-format.md, "Zstandard frames"); larger
 # windows are refused before decompressing, so a frame cannot make a decoder reserve more history memory.

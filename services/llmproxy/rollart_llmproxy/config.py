@@ -114,7 +114,7 @@ class LLMProxyConfig(ServiceConfig):
     # After Abort is forwarded, how long the actor may take to end the stream before the proxy cuts it.
     abort_grace_seconds: float = Field(2.0, gt=0)
     # Actor chunking for turns that name none (TrajectoryGenerateRequest.chunk_tokens): a chunk at least every
-    # this many tokens (0: every token; larger chunks cost fewer messages per token, see bench/RESULTS.md).
+    # this many tokens (0: every token; larger chunks cost fewer messages per token, see bench/notes/llmproxy.md).
     chunk_tokens: int = Field(0, ge=0)
     # Sticky trajectory -> actor entries kept (least recently used evicted first).
     max_sticky_trajectories: int = Field(200_000, ge=1)

@@ -210,7 +210,7 @@ def _worker(model: Path, out: Path, tp: int, pp: int, kl: float) -> None:
         model, GrpoSettings(**SETTINGS, kl_coef=kl), tensor_parallel_size=tp, pipeline_parallel_size=pp
     )
     b = m.share_batch(batch() if m.rank == 0 else None)
-    cpu_s: list[float] = []  # CPU seconds of each step, all ranks together (what bench/RESULTS.md records)
+    cpu_s: list[float] = []  # CPU seconds of each step, all ranks together (what bench/notes/megatron.md records)
 
     def timed_step() -> Any:
         t0 = time.process_time()
