@@ -18,7 +18,7 @@ from rollart.delta.errors import DeltaError
 from rollart.runtime import errors, ids
 from rollart.v1 import common_pb2, relay_pb2, relay_pb2_grpc
 
-from .hub import DeltaHub, HubError
+from .hub import DeltaHub
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,6 @@ def segment_message(raw: bytes | bytearray) -> common_pb2.DeltaSegment:
     )
 
 
-def _status(exc: HubError) -> errors.ServiceError:
-    """The status the hub named for a request it cannot serve."""
-    return errors.error_for(exc.code, str(exc))
-
-
 class RelayServicer(relay_pb2_grpc.RelayServicer):
     """gRPC face of a hub. ``set_upstream`` handles SetUpstream (a trainer has none)."""
 
@@ -53,10 +48,7 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
 
     async def Subscribe(self, request, context):  # noqa: N802 - gRPC method names
         ids.check_id("subscriber_id", request.subscriber_id)
-        try:
-            return self.hub.subscribe(request)
-        except HubError as exc:
-            raise _status(exc) from None
+        return self.hub.subscribe(request)
 
     async def Unsubscribe(self, request, context):  # noqa: N802
         ids.check_id("subscriber_id", request.subscriber_id)
@@ -67,11 +59,8 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
         ids.check_id("subscriber_id", request.subscriber_id)
         if request.from_sequence < 0:
             raise errors.InvalidArgument("from_sequence", "must be >= 0")
-        try:
-            async for event in self.hub.watch(request.subscriber_id, request.from_sequence, request.only_new):
-                yield event
-        except HubError as exc:
-            raise _status(exc) from None
+        async for event in self.hub.watch(request.subscriber_id, request.from_sequence, request.only_new):
+            yield event
 
     async def SetUpstream(self, request, context):  # noqa: N802
         if self.set_upstream is None:
@@ -111,8 +100,6 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
                 new = await self.hub.buffer(seg.version, "grpc-push").put(seg)
             except DeltaError as exc:
                 raise errors.InvalidArgument("", f"segment {seg.seq} of version {seg.version}: {exc}") from None
-            except HubError as exc:
-                raise _status(exc) from None
             touched.add(seg.version)
             accepted += new
             duplicates += not new
@@ -125,21 +112,15 @@ class RelayServicer(relay_pb2_grpc.RelayServicer):
     async def FetchDeltas(self, request, context) -> AsyncIterator[common_pb2.DeltaSegment]:  # noqa: N802
         if any(s < 0 or s > 0xFFFFFFFF for s in request.only_sequences):
             raise errors.InvalidArgument("only_sequences", "must be 32-bit sequence numbers")
-        try:
-            async for _buf, raw in self.hub.fetch(
-                request.from_version, request.to_version, list(request.only_sequences), request.follow
-            ):
-                yield segment_message(raw)
-        except HubError as exc:
-            raise _status(exc) from None
+        async for _buf, raw in self.hub.fetch(
+            request.from_version, request.to_version, list(request.only_sequences), request.follow
+        ):
+            yield segment_message(raw)
 
     async def Commit(self, request, context):  # noqa: N802
         if not request.HasField("order"):
             raise errors.InvalidArgument("order", "is required")
-        try:
-            return self.hub.commit(request.order)
-        except HubError as exc:
-            raise _status(exc) from None
+        return self.hub.commit(request.order)
 
     async def GetStatus(self, request, context):  # noqa: N802
         return self.hub.status()

@@ -22,6 +22,7 @@ import grpc
 
 from rollart.delta import Delta, WeightSet, apply_delta
 from rollart.delta.errors import BaseMismatchError
+from rollart.runtime import errors
 from rollart.runtime.config import TLSConfig
 from rollart.v1 import common_pb2, relay_pb2
 
@@ -31,12 +32,10 @@ from .staging import ARRIVING, StagedVersion, StagingError, StagingSink, Version
 log = logging.getLogger(__name__)
 
 
-class CommitError(Exception):
+class CommitError(errors.Coded):
     """A commit could not be applied; ``code`` is the gRPC status name (the weights are untouched)."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+    code: str  # a status name, as every caller passes
 
 
 class WeightEngine(Protocol):
