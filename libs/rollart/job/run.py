@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -28,6 +27,7 @@ from rollart.local import cluster as local
 from rollart.local.processes import ProcessError
 from rollart.local.regions import RegionError, Regions, link_counters, parse_regions, route_from_state
 from rollart.local.supervisor import Event, Supervisor, base_name
+from rollart.runtime import ids
 from rollart.runtime.client import channel
 from rollart.v1 import (
     common_pb2,
@@ -417,7 +417,7 @@ class Runner:
         taken: the next supervisor pass asks again."""
         ch = channel(self.state["services"]["llmproxy"]["address"], token=self.token, default_timeout=30.0)
         req = llmproxy_pb2.TrajectoryGenerateRequest(
-            trajectory_id=f"rollart-run-probe-{task}-{time.time_ns()}",
+            trajectory_id=ids.new_id(f"rollart-run-probe-{task}"),
             task=task,
             input=common_pb2.ModelInput(token_ids=[0]),
             sampling=common_pb2.SamplingParams(max_tokens=1),

@@ -13,13 +13,12 @@ import inspect
 import json
 import socket
 import sys
-import uuid
 from typing import Any
 
 from grpc import aio
 
 from rollart.discovery import Registration
-from rollart.runtime import errors
+from rollart.runtime import errors, ids
 from rollart.runtime.config import ConfigError, ServiceConfig, load_config
 from rollart.runtime.server import run_service
 from rollart.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -137,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, ValueError, TypeError, ImportError, AttributeError) as exc:
         sys.exit(f"rollart.sdk.host: {exc}")
     role = args.role or cls.role
-    worker_id = args.worker_id or f"{socket.gethostname()}-{role}-{uuid.uuid4().hex[:8]}"
+    worker_id = args.worker_id or ids.new_id(f"{socket.gethostname()}-{role}", nbytes=4)
     host = WorkerHost(cls(), cfg, role=role, pool=args.pool, tags=args.tag, worker_id=worker_id)
     host.name = f"worker-{role}"
     run_service(host, cfg)

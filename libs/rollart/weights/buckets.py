@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,6 +24,7 @@ import numpy as np
 
 from rollart.delta import dtypes as dt
 from rollart.delta.safetensors_io import WeightSet
+from rollart.runtime import ids
 
 DEFAULT_BUCKET_BYTES = 1 << 30
 ALIGN = 64  # every tensor starts on a 64-byte boundary: aligned views for any dtype, cache-line friendly
@@ -576,7 +576,7 @@ class BucketPublisher:
                 np.copyto(buf[spec.offset : spec.offset + spec.nbytes].view(a.dtype).reshape(a.shape), a)
             pos = spec.offset + spec.nbytes
         t1 = time.perf_counter()
-        epoch = secrets.token_hex(8)
+        epoch = ids.new_id("", nbytes=8)
         keys = bucket_keys(self.ns, version, epoch, len(ranges))
         mv = buf.data
         # Hash on worker threads while the main thread writes: both only read the packed buffer.
@@ -685,7 +685,7 @@ class BucketPublisher:
         if self._latest is None:
             return None
         old = self._latest.manifest
-        epoch = secrets.token_hex(8)
+        epoch = ids.new_id("", nbytes=8)
         keys = bucket_keys(self.ns, old.version, epoch, len(old.buckets))
         ranges = [(b.offset, b.size) for b in old.buckets]
         t0 = time.perf_counter()

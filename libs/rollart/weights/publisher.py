@@ -15,7 +15,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from grpc import aio
 from rollart.delta import DeltaEncoder, WeightSet, weights_digest
 from rollart.delta import segment as sg
 from rollart.delta.safetensors_io import JOB_KEY
-from rollart.runtime import errors
+from rollart.runtime import errors, ids
 from rollart.runtime.auth import TokenAuthInterceptor
 from rollart.runtime.client import channel as make_channel
 from rollart.runtime.config import TLSConfig
@@ -381,7 +380,7 @@ class Publisher:
         """Send Commit(v) to every relay and to the actors following the trainer directly."""
         pub = next((p for p in reversed(self.published) if p.version == version), None)
         order = common_pb2.CommitOrder(
-            order_id=order_id or f"{self.job}-v{version}-{uuid.uuid4().hex[:12]}",
+            order_id=order_id or ids.new_id(f"{self.job}-v{version}", nbytes=6),
             version=version,
             hash=(pub.hash or b"") if pub else b"",
             base_version=(pub.base_version or 0) if pub else 0,

@@ -18,7 +18,6 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +26,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc import aio
 
-from rollart.runtime import telemetry, timeutil
+from rollart.runtime import ids, telemetry, timeutil
 from rollart.runtime.telemetry import trajectory_scope
 from rollart.v1 import common_pb2
 from rollart.v1 import ledger_pb2 as lp
@@ -74,7 +73,7 @@ def now_ts() -> Timestamp:
 
 
 def new_trajectory_id() -> str:
-    return f"traj-{uuid.uuid4().hex}"
+    return ids.new_id("traj", nbytes=16)
 
 
 def sandbox_failure(exc: SandboxFailure) -> InfraFailure:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rollart.runtime import errors
+from rollart.runtime import errors, ids
 from rollart.runtime.telemetry import log_fields
 from rollart.runtime.timeutil import duration
 from rollart.v1 import common_pb2, envmanager_pb2
@@ -85,7 +84,7 @@ class Evaluator:
     async def run(self, req: envmanager_pb2.EvaluateRequest) -> envmanager_pb2.EvaluateResponse:
         validators.check_evaluate(req)
         specs = self._specs(req)
-        eval_id = req.evaluation_id or f"e{uuid.uuid4().hex[:16]}"
+        eval_id = req.evaluation_id or ids.new_id("e", nbytes=8)
         n = req.samples_per_prompt
         threshold = req.pass_threshold or 1.0
         sem = asyncio.Semaphore(req.concurrency or DEFAULT_CONCURRENCY)

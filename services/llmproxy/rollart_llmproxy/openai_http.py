@@ -17,7 +17,6 @@ import hmac
 import json
 import logging
 import time
-import uuid
 from contextlib import aclosing
 from typing import Annotated, Any, Literal, cast
 
@@ -25,8 +24,9 @@ import grpc
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rollart.runtime import ids
 from rollart.v1 import common_pb2
-from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2 as pp
 
 from . import metrics
 from .core import Proxy, TurnError
@@ -209,7 +209,7 @@ class OpenAIServer:
 
     def _turn_request(
         self, request: web.Request, body: _Body, inp: common_pb2.ModelInput, max_tokens: int
-    ) -> lp.TrajectoryGenerateRequest:
+    ) -> pp.TrajectoryGenerateRequest:
         if body.n != 1:
             raise HttpError(400, "n > 1 is not supported: send one request per sample (each its own trajectory)")
         if body.presence_penalty or body.frequency_penalty:
@@ -240,8 +240,8 @@ class OpenAIServer:
             raise HttpError(400, "X-Rollart-Min-Version must be a 64-bit integer")
         if timeout is not None and not (0 < timeout <= MAX_TIMEOUT_S):  # also refuses NaN
             raise HttpError(400, f"X-Rollart-Timeout must be within (0, {MAX_TIMEOUT_S:g}] seconds")
-        req = lp.TrajectoryGenerateRequest(
-            trajectory_id=h.get("X-Rollart-Trajectory-Id") or f"oai-{uuid.uuid4().hex}",
+        req = pp.TrajectoryGenerateRequest(
+            trajectory_id=h.get("X-Rollart-Trajectory-Id") or ids.new_id("oai", nbytes=16),
             turn=turn,
             task=h.get("X-Rollart-Task", self.cfg.openai_task),
             input=inp,
@@ -320,7 +320,7 @@ class OpenAIServer:
     # ------------------------------------------------------------------------------------------- responses
 
     async def _serve(
-        self, request: web.Request, req: lp.TrajectoryGenerateRequest, body: _Body, *, chat: bool, show_logprobs: bool
+        self, request: web.Request, req: pp.TrajectoryGenerateRequest, body: _Body, *, chat: bool, show_logprobs: bool
     ) -> web.StreamResponse:
         state = _Accumulator(req, self._model(body), chat, show_logprobs)
         headers = {"X-Rollart-Trajectory-Id": req.trajectory_id}
@@ -377,7 +377,7 @@ class OpenAIServer:
             return stream
 
     @staticmethod
-    async def _emit(stream: web.StreamResponse, state: "_Accumulator", resp: lp.TrajectoryGenerateResponse) -> None:
+    async def _emit(stream: web.StreamResponse, state: "_Accumulator", resp: pp.TrajectoryGenerateResponse) -> None:
         delta = state.add(resp)
         c = resp.chunk
         finish = FINISH.get(c.finish_reason)
@@ -393,12 +393,12 @@ async def _sse(stream: web.StreamResponse, payload: dict) -> None:
 class _Accumulator:
     """Builds OpenAI response objects from the proxy's chunks."""
 
-    def __init__(self, req: lp.TrajectoryGenerateRequest, model: str, chat: bool, show_logprobs: bool) -> None:
+    def __init__(self, req: pp.TrajectoryGenerateRequest, model: str, chat: bool, show_logprobs: bool) -> None:
         self.req = req
         self.model = model
         self.chat = chat
         self.show_logprobs = show_logprobs
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.id = ids.new_id("chatcmpl" if chat else "cmpl", nbytes=16)
         self.created = int(time.time())
         self.text: list[str] = []
         self.token_ids: list[int] = []
@@ -409,10 +409,10 @@ class _Accumulator:
         self.finish: str | None = None
         self.stop_reason: str | None = None
         self.usage: common_pb2.GenerationUsage | None = None
-        self.route: lp.RouteInfo | None = None
+        self.route: pp.RouteInfo | None = None
         self.request_id = ""
 
-    def add(self, resp: lp.TrajectoryGenerateResponse) -> str:
+    def add(self, resp: pp.TrajectoryGenerateResponse) -> str:
         if resp.HasField("route"):
             self.route = resp.route
         c = resp.chunk
@@ -445,7 +445,7 @@ class _Accumulator:
         }
         if self.route is not None:
             out["actor_id"] = self.route.actor_id
-            out["route_reason"] = lp.RouteReason.Name(self.route.reason).removeprefix("ROUTE_REASON_").lower()
+            out["route_reason"] = pp.RouteReason.Name(self.route.reason).removeprefix("ROUTE_REASON_").lower()
             if self.route.prefill_actor_id:
                 out["prefill_actor_id"] = self.route.prefill_actor_id
         if self.prompt_token_ids:
@@ -516,7 +516,7 @@ class _Accumulator:
             out["rollart"] = extra
         return out
 
-    def stream_chunk(self, resp: lp.TrajectoryGenerateResponse, delta: str, finish: str | None) -> dict:
+    def stream_chunk(self, resp: pp.TrajectoryGenerateResponse, delta: str, finish: str | None) -> dict:
         c = resp.chunk
         n = len(c.token_ids)
         texts = self.token_texts[len(self.token_texts) - n :] if n else []

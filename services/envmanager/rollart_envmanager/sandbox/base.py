@@ -16,13 +16,12 @@ import signal
 import tarfile
 import threading
 import time
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import IO, Any, Self
 
-from rollart.runtime import timeutil
+from rollart.runtime import ids, timeutil
 
 from .errors import FailureCause, SandboxFailure
 
@@ -245,7 +244,7 @@ class Sandbox(ABC):
 
     def __init__(self, limits: SandboxLimits | None = None, *, sandbox_id: str | None = None) -> None:
         self.limits = limits or SandboxLimits()
-        self.id = sandbox_id or f"{self.backend}-{uuid.uuid4().hex[:12]}"
+        self.id = sandbox_id or ids.new_id(self.backend, nbytes=6)
         self.budget = TimeBudget(self.limits.time_budget_s)
         self.started = False
         self.closed = False
