@@ -259,6 +259,11 @@ class RegionPlan:
         for key, value in env.items():
             if not key.startswith("ROLLART_") or key in PRIVATE_KEYS:
                 continue
+            if key == "ROLLART_DATA_ADVERTISE":  # what others dial: a forwarder to this instance's data endpoint
+                data = self.endpoints[name].get("data")
+                if not any(v == value and real == data for (_, real), v in self.routes.items()):
+                    bad.append(f"{key}={value}")
+                continue
             bad += [f"{key}={m.group(0)}" for m in HOST.finditer(value) if int(m.group(1)) != own]
             if "localhost:" in value:
                 bad.append(f"{key}={value}")

@@ -113,6 +113,8 @@ def test_plan_routes_every_cross_region_address_through_the_callers_forwarder(tm
     assert listen["ROLLART_LISTEN"] == plan.endpoints["trainer"]["address"]
     # Actors (all in infer) fall back to the trainer's data endpoint through infer's forwarder to it.
     assert listen["ROLLART_DATA_ADVERTISE"] == plan.route("actor", plan.endpoints["trainer"]["data"])
+    assert plan.audit("trainer", plan.rewrite("trainer", listen)) == []
+    assert plan.audit("trainer", {"ROLLART_DATA_ADVERTISE": via}) == [f"ROLLART_DATA_ADVERTISE={via}"]
     # The relay's data endpoint as the trainer dials it: through train's forwarders, the gRPC one as the key.
     pinned = json.loads(plan.rewrite("trainer", listen)["ROLLART_RELAY_DATA_ENDPOINTS"])
     assert pinned == {plan.route("trainer", relay): plan.route("trainer", plan.endpoints["relay"]["data"])}
