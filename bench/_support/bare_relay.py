@@ -32,11 +32,11 @@ sys.path.insert(0, str(REPO / "libs"))
 
 from rollart.delta.leb128 import encode_int as _varint  # noqa: E402  (a protobuf length is unsigned LEB128)
 from rollart.v1 import actor_pb2  # noqa: E402
-from rollart.v1 import llmproxy_pb2 as lp  # noqa: E402
+from rollart.v1 import llmproxy_pb2 as pp  # noqa: E402
 
 
 def _actor_request(data: bytes) -> bytes:
-    r = lp.TrajectoryGenerateRequest.FromString(data)
+    r = pp.TrajectoryGenerateRequest.FromString(data)
     return actor_pb2.ActorGenerateRequest(
         request_id=f"{r.trajectory_id}:{r.turn}",
         trajectory_id=r.trajectory_id,

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from bench._support.service_procs import BIN, MD, cpu_seconds, pct, sampling, start, start_sim  # noqa: E402
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2  # noqa: E402
-from rollart.v1 import llmproxy_pb2 as lp  # noqa: E402
+from rollart.v1 import llmproxy_pb2 as pp  # noqa: E402
 from rollart.v1 import llmproxy_pb2_grpc as lg  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------ (a) proxy
@@ -108,7 +108,7 @@ async def proxy_point(args, c: int, proxy_addr: str, actors: dict[str, str], pro
 
     def proxy_call(t: int, turn: int, p: list[int]):
         return proxy.Generate(
-            lp.TrajectoryGenerateRequest(
+            pp.TrajectoryGenerateRequest(
                 trajectory_id=f"p{c}-{t}", turn=turn, input=common_pb2.ModelInput(token_ids=p), sampling=samp
             ),
             metadata=MD,

@@ -159,42 +159,42 @@ class Rollout:
 
     def proxy(self):
         from bench._support.envmanager_harness import MD
-        from rollart.v1 import llmproxy_pb2 as lp
+        from rollart.v1 import llmproxy_pb2 as pp
         from rollart.v1 import llmproxy_pb2_grpc as lg
 
         ch = grpc.insecure_channel(self.proxy_address)
-        return ch, lg.LLMProxyStub(ch), lp, MD
+        return ch, lg.LLMProxyStub(ch), pp, MD
 
     def configure(self) -> None:
         from google.protobuf.json_format import ParseDict
 
-        ch, stub, lp, md = self.proxy()
+        ch, stub, pp, md = self.proxy()
         try:
             want = sum(self.fleet.values())
             deadline = time.monotonic() + 60
             while True:
-                actors = stub.ListActors(lp.ListProxyActorsRequest(), metadata=md, timeout=10).actors
-                if len([a for a in actors if a.ready and a.state == lp.PROXY_ACTOR_STATE_HEALTHY]) == want:
+                actors = stub.ListActors(pp.ListProxyActorsRequest(), metadata=md, timeout=10).actors
+                if len([a for a in actors if a.ready and a.state == pp.PROXY_ACTOR_STATE_HEALTHY]) == want:
                     break
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the proxy saw {len(actors)} of {want} actors")
                 time.sleep(0.2)
-            rules = [ParseDict(dict({"allow_fallback": True}, **r), lp.AffinityRule()) for r in self.rules]
-            stub.SetAffinity(lp.SetAffinityRequest(rules=rules), metadata=md, timeout=10)
+            rules = [ParseDict(dict({"allow_fallback": True}, **r), pp.AffinityRule()) for r in self.rules]
+            stub.SetAffinity(pp.SetAffinityRequest(rules=rules), metadata=md, timeout=10)
             if self.pd:
                 prefill = [a.actor_id for a in actors if a.pool == "h800"]
-                cfg = lp.PdPoolConfig(pool="h20", enabled=True, prefill_actor_ids=prefill,
+                cfg = pp.PdPoolConfig(pool="h20", enabled=True, prefill_actor_ids=prefill,
                                       min_prompt_tokens=self.args.pd_min_prompt)
-                stub.SetPdConfig(lp.SetPdConfigRequest(pools=[cfg]), metadata=md, timeout=10)
+                stub.SetPdConfig(pp.SetPdConfigRequest(pools=[cfg]), metadata=md, timeout=10)
         finally:
             ch.close()
 
     def affinity(self) -> dict:
         from google.protobuf.json_format import MessageToDict
 
-        ch, stub, lp, md = self.proxy()
+        ch, stub, pp, md = self.proxy()
         try:
-            table = stub.GetAffinity(lp.GetAffinityRequest(), metadata=md, timeout=10)
+            table = stub.GetAffinity(pp.GetAffinityRequest(), metadata=md, timeout=10)
             return {p.task: MessageToDict(p, preserving_proto_field_name=True) for p in table.profiles}
         finally:
             ch.close()

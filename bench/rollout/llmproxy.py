@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO))
 from bench._support.service_procs import BIN, MD, cpu_seconds, pct, sampling, start, start_sim  # noqa: E402
 from rollart.local.processes import ManagedProcess  # noqa: E402
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2  # noqa: E402
-from rollart.v1 import llmproxy_pb2 as lp  # noqa: E402
+from rollart.v1 import llmproxy_pb2 as pp  # noqa: E402
 from rollart.v1 import llmproxy_pb2_grpc as lg  # noqa: E402
 
 #: The bare relays of ``--floor``: name -> bench/_support/bare_relay.py arguments.
@@ -98,7 +98,7 @@ async def timed(stream, by_actor: dict[str, int] | None = None) -> tuple[float, 
     n = 0
     actor = ""
     async for item in stream:
-        chunk = item.chunk if isinstance(item, lp.TrajectoryGenerateResponse) else item
+        chunk = item.chunk if isinstance(item, pp.TrajectoryGenerateResponse) else item
         if chunk.token_ids and first is None:
             first = time.perf_counter() - start
         n += len(chunk.token_ids)
@@ -133,7 +133,7 @@ async def latency(actor, proxy, ps: list[list[int]], max_tokens: int, others: di
         }
         for name, stub in stubs.items():
             calls[name] = lambda i=i, inp=inp, stub=stub, name=name: stub.Generate(
-                lp.TrajectoryGenerateRequest(
+                pp.TrajectoryGenerateRequest(
                     trajectory_id=f"{name}-{max_tokens}-{i}", input=inp, sampling=sampling(max_tokens)
                 ),
                 metadata=MD,
@@ -207,7 +207,7 @@ async def cpu_per_turn(stub, pid: int, tokens: int, turns: int, prompt: list[int
     async def trajectory(t: int) -> None:
         for k in range(turns):
             async for _ in stub.Generate(
-                lp.TrajectoryGenerateRequest(
+                pp.TrajectoryGenerateRequest(
                     trajectory_id=f"cpu-{tokens}-{t}-{time.monotonic_ns()}",
                     turn=k,
                     input=common_pb2.ModelInput(token_ids=prompt),
@@ -293,7 +293,7 @@ async def run(args, infos: dict) -> dict:
         for stub in [proxy, *(o[0] for o in others.values())]:
             await timed(
                 stub.Generate(
-                    lp.TrajectoryGenerateRequest(
+                    pp.TrajectoryGenerateRequest(
                         trajectory_id=f"w-{i}", input=common_pb2.ModelInput(token_ids=p), sampling=sampling(8)
                     ),
                     metadata=MD,
@@ -325,7 +325,7 @@ async def run(args, infos: dict) -> dict:
 
     def proxy_call(i: int, p: list[int], chunk_tokens: int = 0):
         return proxy.Generate(
-            lp.TrajectoryGenerateRequest(
+            pp.TrajectoryGenerateRequest(
                 trajectory_id=f"t-{i}-{time.monotonic_ns()}",
                 input=common_pb2.ModelInput(token_ids=p),
                 sampling=sampling(args.gen_tokens),
@@ -350,9 +350,9 @@ async def run(args, infos: dict) -> dict:
     b_endpoint = infos["actor-b"]["address"]
     for rnd in range(args.repeats):  # alternate the configurations so that load drift hits all of them
         runs["tput_direct_a"].append(await throughput(direct_call, args.concurrency, args.turns, args.gen_tokens, ps))
-        await proxy.RemoveActor(lp.RemoveProxyActorRequest(actor_id="actor-b"), metadata=MD)
+        await proxy.RemoveActor(pp.RemoveProxyActorRequest(actor_id="actor-b"), metadata=MD)
         runs["tput_proxy_a"].append(await throughput(proxy_call, args.concurrency, args.turns, args.gen_tokens, ps))
-        await proxy.AddActor(lp.AddProxyActorRequest(actor_id="actor-b", endpoint=b_endpoint, pool="p"), metadata=MD)
+        await proxy.AddActor(pp.AddProxyActorRequest(actor_id="actor-b", endpoint=b_endpoint, pool="p"), metadata=MD)
         runs["tput_proxy_ab"].append(await throughput(proxy_call, args.concurrency, args.turns, args.gen_tokens, ps))
         runs["tput_proxy_ab_chunked"].append(
             await throughput(proxy_chunked, args.concurrency, args.turns, args.gen_tokens, ps)
@@ -363,7 +363,7 @@ async def run(args, infos: dict) -> dict:
     for key, rows in runs.items():
         best = sorted(rows, key=lambda r: r["tokens_per_s"])[len(rows) // 2]  # the median run
         results[key] = {**best, "all_tokens_per_s": [round(r["tokens_per_s"], 1) for r in rows]}
-    listed = await proxy.ListActors(lp.ListProxyActorsRequest(), metadata=MD)
+    listed = await proxy.ListActors(pp.ListProxyActorsRequest(), metadata=MD)
     results["actors"] = {a.actor_id: a.tokens_per_s for a in listed.actors}
     await actor_ch.close()
     await proxy_ch.close()

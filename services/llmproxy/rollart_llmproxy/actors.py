@@ -17,7 +17,7 @@ from rollart.runtime.client import bare_channel, channel
 from rollart.runtime.telemetry import log_fields
 from rollart.runtime.timeutil import timestamp as _ts
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2
-from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2 as pp
 
 from . import metrics, validators
 from .config import LLMProxyConfig
@@ -103,7 +103,7 @@ class ActorTable:
                 "cpu": common_pb2.POOL_KIND_CPU,
                 "serverless": common_pb2.POOL_KIND_SERVERLESS,
             }.get(r.pool_kind, common_pb2.POOL_KIND_UNSPECIFIED)
-            rule = lp.AffinityRule(
+            rule = pp.AffinityRule(
                 task=r.task,
                 pool=r.pool,
                 binding_id=r.binding_id,
@@ -114,7 +114,7 @@ class ActorTable:
             )
             self.set_affinity([rule], merge=True)
         if cfg.pd:
-            self.set_pd([lp.PdPoolConfig(**p.model_dump()) for p in cfg.pd], merge=False)
+            self.set_pd([pp.PdPoolConfig(**p.model_dump()) for p in cfg.pd], merge=False)
 
     # -------------------------------------------------------------------------------------------- lifecycle
 
@@ -354,7 +354,7 @@ class ActorTable:
 
     # --------------------------------------------------------------------------------------------- settings
 
-    def set_affinity(self, rules: list[lp.AffinityRule], merge: bool) -> None:
+    def set_affinity(self, rules: list[pp.AffinityRule], merge: bool) -> None:
         from .router import Rule
 
         validators.affinity_rules(rules)
@@ -378,8 +378,8 @@ class ActorTable:
             self.router.rules = new
         self.changed()
 
-    def affinity_table(self) -> lp.AffinityTable:
-        out = lp.AffinityTable(rules=[r.to_proto() for r in self.router.rules.values()])
+    def affinity_table(self) -> pp.AffinityTable:
+        out = pp.AffinityTable(rules=[r.to_proto() for r in self.router.rules.values()])
         for task, rule in self.router.derived_rules.items():
             if task not in self.router.rules:
                 p = rule.to_proto()
@@ -388,11 +388,11 @@ class ActorTable:
         out.profiles.extend(p.to_proto() for p in self.router.profiles.values())
         return out
 
-    def set_pd(self, pools: list[lp.PdPoolConfig], merge: bool) -> None:
+    def set_pd(self, pools: list[pp.PdPoolConfig], merge: bool) -> None:
         validators.pd_pools(pools)
-        new: dict[str, lp.PdPoolConfig] = {}
+        new: dict[str, pp.PdPoolConfig] = {}
         for p in pools:
-            cfg = lp.PdPoolConfig()
+            cfg = pp.PdPoolConfig()
             cfg.CopyFrom(p)
             new[p.pool] = cfg
         if merge:
@@ -401,19 +401,19 @@ class ActorTable:
             self.router.pd = new
         self.changed()
 
-    def pd_routing(self) -> lp.PdRouting:
-        return lp.PdRouting(pools=list(self.router.pd.values()))
+    def pd_routing(self) -> pp.PdRouting:
+        return pp.PdRouting(pools=list(self.router.pd.values()))
 
-    def set_window(self, window: lp.VersionWindow) -> lp.VersionWindow:
+    def set_window(self, window: pp.VersionWindow) -> pp.VersionWindow:
         validators.version_window(window)
-        self.router.window = lp.VersionWindow(min_version=window.min_version, max_version=window.max_version)
+        self.router.window = pp.VersionWindow(min_version=window.min_version, max_version=window.max_version)
         self.changed()
         return self.router.window
 
     # ---------------------------------------------------------------------------------------------- views
 
-    def proxy_actor(self, a: ActorEntry, sticky: dict[str, int]) -> lp.ProxyActor:
-        out = lp.ProxyActor(
+    def proxy_actor(self, a: ActorEntry, sticky: dict[str, int]) -> pp.ProxyActor:
+        out = pp.ProxyActor(
             actor_id=a.actor_id,
             endpoint=a.endpoint,
             pool=a.pool,
@@ -421,7 +421,7 @@ class ActorTable:
             hardware=a.hardware,
             pd_role=a.pd_role or common_pb2.PD_ROLE_UNIFIED,
             state=DRAINING if a.self_draining and a.state == HEALTHY else a.state,
-            source=lp.ACTOR_SOURCE_STATIC if a.static else lp.ACTOR_SOURCE_BINDING,
+            source=pp.ACTOR_SOURCE_STATIC if a.static else pp.ACTOR_SOURCE_BINDING,
             binding_id=",".join(sorted(a.binding_ids)),
             active_version=a.active_version,
             outstanding_requests=a.outstanding_requests,
@@ -438,7 +438,7 @@ class ActorTable:
             out.last_ok.CopyFrom(_ts(a.last_ok))
         return out
 
-    def list_actors(self, pool: str = "") -> list[lp.ProxyActor]:
+    def list_actors(self, pool: str = "") -> list[pp.ProxyActor]:
         sticky = self.router.sticky_counts()
         return [
             self.proxy_actor(a, sticky)

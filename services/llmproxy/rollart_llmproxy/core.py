@@ -24,7 +24,7 @@ from rollart.runtime.telemetry import tracer as _tracer
 from rollart.runtime.timeutil import duration as _dur
 from rollart.runtime.timeutil import timestamp as _ts
 from rollart.v1 import actor_pb2, common_pb2
-from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2 as pp
 
 from . import metrics, validators
 from .actors import GENERATE_METHOD, PD_ROLE_NAMES, ActorClient, ActorTable
@@ -67,7 +67,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ABORTED = common_pb2.FINISH_REASON_ABORTED
-_REASONS = {v: lp.RouteReason.Name(v).removeprefix("ROUTE_REASON_").lower() for v in lp.RouteReason.values()}
+_REASONS = {v: pp.RouteReason.Name(v).removeprefix("ROUTE_REASON_").lower() for v in pp.RouteReason.values()}
 
 
 class Proxy(ActorTable):
@@ -98,9 +98,9 @@ class Proxy(ActorTable):
 
     # ------------------------------------------------------------------------------------------ admission
 
-    def admission_state(self) -> lp.AdmissionState:
+    def admission_state(self) -> pp.AdmissionState:
         g = self.gate
-        out = lp.AdmissionState(
+        out = pp.AdmissionState(
             suspended=g.suspended,
             reason=g.reason,
             waiting_requests=g.waiting,
@@ -110,13 +110,13 @@ class Proxy(ActorTable):
             out.since.CopyFrom(_ts(g.since))
         return out
 
-    def suspend(self, reason: str, step: int) -> lp.AdmissionState:
+    def suspend(self, reason: str, step: int) -> pp.AdmissionState:
         if self.gate.suspend(reason, step):
             log.info("suspended", extra=log_fields(reason=reason, step=step))
         metrics.SUSPENDED.set(1)
         return self.admission_state()
 
-    def resume(self) -> lp.AdmissionState:
+    def resume(self) -> pp.AdmissionState:
         released, lasted = self.gate.resume()
         metrics.SUSPENDED.set(0)
         if lasted:
@@ -126,9 +126,9 @@ class Proxy(ActorTable):
         out.suspended_for.CopyFrom(_dur(lasted))
         return out
 
-    def status(self) -> lp.ProxyStatus:
+    def status(self) -> pp.ProxyStatus:
         actors = list(self.router.actors.values())
-        return lp.ProxyStatus(
+        return pp.ProxyStatus(
             admission=self.admission_state(),
             actors=len(actors),
             healthy_actors=sum(1 for a in actors if a.routable()),
@@ -147,7 +147,7 @@ class Proxy(ActorTable):
 
     def abort(
         self, trajectory_ids: list[str], reason: str = "", lease_ids: Sequence[str] = ()
-    ) -> lp.ProxyAbortResponse:
+    ) -> pp.ProxyAbortResponse:
         hit: list[Turn] = []
         for tid in trajectory_ids:
             hit.extend(self.by_trajectory.get(tid, ()))
@@ -177,7 +177,7 @@ class Proxy(ActorTable):
             self.aborted_total += count
             metrics.ABORTED.inc(count)
             log.info("aborted", extra=log_fields(requests=count, trajectories=sorted(ended), reason=reason))
-        return lp.ProxyAbortResponse(aborted_requests=count, aborted_trajectory_ids=sorted(ended))
+        return pp.ProxyAbortResponse(aborted_requests=count, aborted_trajectory_ids=sorted(ended))
 
     # ------------------------------------------------------------------------------------------- tokenize
 
@@ -229,7 +229,7 @@ class Proxy(ActorTable):
 
     # ---------------------------------------------------------------------------------------------- turns
 
-    def _deadline(self, req: lp.TrajectoryGenerateRequest, time_remaining: float | None) -> float:
+    def _deadline(self, req: pp.TrajectoryGenerateRequest, time_remaining: float | None) -> float:
         now = time.monotonic()
         budget = self.cfg.default_deadline_seconds
         if req.HasField("deadline"):
@@ -240,26 +240,26 @@ class Proxy(ActorTable):
             raise TurnError(grpc.StatusCode.DEADLINE_EXCEEDED, "the turn's deadline has already passed")
         return now + budget
 
-    def validate(self, req: lp.TrajectoryGenerateRequest) -> None:
+    def validate(self, req: pp.TrajectoryGenerateRequest) -> None:
         validators.generate(req)
 
     async def generate(
-        self, req: lp.TrajectoryGenerateRequest, time_remaining: float | None = None
-    ) -> AsyncGenerator[lp.TrajectoryGenerateResponse, None]:
+        self, req: pp.TrajectoryGenerateRequest, time_remaining: float | None = None
+    ) -> AsyncGenerator[pp.TrajectoryGenerateResponse, None]:
         """The turn's responses; raises TurnError for a failed turn (see the module docstring)."""
         async for item in self.generate_items(req, time_remaining):
             yield item.message() if isinstance(item, Forward) else item
 
     async def generate_wire(
-        self, req: lp.TrajectoryGenerateRequest, time_remaining: float | None = None
+        self, req: pp.TrajectoryGenerateRequest, time_remaining: float | None = None
     ) -> AsyncGenerator[bytes, None]:
         """``generate``'s responses, encoded: the actor's chunk bytes are forwarded as received."""
         async for item in self.generate_items(req, time_remaining):
             yield item.wire() if isinstance(item, Forward) else item.SerializeToString()
 
     async def generate_items(
-        self, req: lp.TrajectoryGenerateRequest, time_remaining: float | None = None
-    ) -> AsyncGenerator[Forward | lp.TrajectoryGenerateResponse, None]:
+        self, req: pp.TrajectoryGenerateRequest, time_remaining: float | None = None
+    ) -> AsyncGenerator[Forward | pp.TrajectoryGenerateResponse, None]:
         """The turn: forwarded chunks, or a response the proxy makes itself (an aborted turn's last chunk)."""
         received = time.monotonic()
         self.validate(req)
@@ -283,8 +283,8 @@ class Proxy(ActorTable):
                 if not group:
                     del self.by_trajectory[turn.trajectory_id]
 
-    def _aborted_chunk(self, turn: Turn) -> lp.TrajectoryGenerateResponse:
-        return lp.TrajectoryGenerateResponse(
+    def _aborted_chunk(self, turn: Turn) -> pp.TrajectoryGenerateResponse:
+        return pp.TrajectoryGenerateResponse(
             chunk=common_pb2.GenerationChunk(
                 request_id=turn.request_id,
                 trajectory_id=turn.trajectory_id,
@@ -295,8 +295,8 @@ class Proxy(ActorTable):
         )
 
     async def _run_turn(
-        self, turn: Turn, req: lp.TrajectoryGenerateRequest, deadline: float, received: float
-    ) -> AsyncIterator[Forward | lp.TrajectoryGenerateResponse]:
+        self, turn: Turn, req: pp.TrajectoryGenerateRequest, deadline: float, received: float
+    ) -> AsyncIterator[Forward | pp.TrajectoryGenerateResponse]:
         waited = 0.0
         if self.gate.suspended:
             metrics.WAITERS.inc()
@@ -322,9 +322,9 @@ class Proxy(ActorTable):
                 yield self._aborted_chunk(turn)
                 return
             if attempt:
-                route.reason = lp.ROUTE_REASON_RETRY
+                route.reason = pp.ROUTE_REASON_RETRY
             reason = (
-                _REASONS.get(route.reason) or lp.RouteReason.Name(route.reason).removeprefix("ROUTE_REASON_").lower()
+                _REASONS.get(route.reason) or pp.RouteReason.Name(route.reason).removeprefix("ROUTE_REASON_").lower()
             )
             self.requests_total += 1
             try:
@@ -370,7 +370,7 @@ class Proxy(ActorTable):
     async def _route(
         self,
         turn: Turn,
-        req: lp.TrajectoryGenerateRequest,
+        req: pp.TrajectoryGenerateRequest,
         deadline: float,
         exclude: set[str],
         last_failure: _ActorFailed | None,
@@ -433,13 +433,13 @@ class Proxy(ActorTable):
     async def _dispatch(
         self,
         turn: Turn,
-        req: lp.TrajectoryGenerateRequest,
+        req: pp.TrajectoryGenerateRequest,
         route: Route,
         deadline: float,
         waited: float,
         received: float,
         attempt: int,
-    ) -> AsyncIterator[Forward | lp.TrajectoryGenerateResponse]:
+    ) -> AsyncIterator[Forward | pp.TrajectoryGenerateResponse]:
         actor = route.actor
         lo, _hi = self.router.bounds(req.min_version)
         base_rid = turn.request_id if attempt == 0 else f"{turn.request_id}~r{attempt}"
@@ -484,7 +484,7 @@ class Proxy(ActorTable):
             pd_phase=actor_pb2.PD_PHASE_DECODE if prefill is not None else actor_pb2.PD_PHASE_FULL,
             kv_transfer_params_json=kv_params,
         )
-        info = lp.RouteInfo(
+        info = pp.RouteInfo(
             actor_id=actor.actor_id,
             actor_endpoint=actor.endpoint,
             pool=actor.pool,
@@ -509,7 +509,7 @@ class Proxy(ActorTable):
     async def _prefill(
         self,
         turn: Turn,
-        req: lp.TrajectoryGenerateRequest,
+        req: pp.TrajectoryGenerateRequest,
         actor: ActorEntry,
         inp: common_pb2.ModelInput,
         lo: int,

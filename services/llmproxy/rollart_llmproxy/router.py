@@ -28,13 +28,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from rollart.v1 import common_pb2
-from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2 as pp
 
 from . import metrics
 
-HEALTHY = lp.PROXY_ACTOR_STATE_HEALTHY
-UNHEALTHY = lp.PROXY_ACTOR_STATE_UNHEALTHY
-DRAINING = lp.PROXY_ACTOR_STATE_DRAINING
+HEALTHY = pp.PROXY_ACTOR_STATE_HEALTHY
+UNHEALTHY = pp.PROXY_ACTOR_STATE_UNHEALTHY
+DRAINING = pp.PROXY_ACTOR_STATE_DRAINING
 
 PK = common_pb2.PoolKind
 # Compatible pool kinds when a pool names no fallbacks (the resource manager's defaults).
@@ -74,7 +74,7 @@ class ActorEntry:
     region: str = ""
     hardware: common_pb2.Hardware = field(default_factory=common_pb2.Hardware)
     pd_role: common_pb2.PdRole = common_pb2.PD_ROLE_UNIFIED
-    state: lp.ProxyActorState = HEALTHY
+    state: pp.ProxyActorState = HEALTHY
     # Where it was learned from: AddActor/config, and/or the resource manager.
     static: bool = False
     from_rm: bool = False
@@ -131,11 +131,11 @@ class Rule:
     auto: bool = False
 
     @classmethod
-    def from_proto(cls, r: lp.AffinityRule) -> "Rule":
+    def from_proto(cls, r: pp.AffinityRule) -> "Rule":
         return cls(r.task, r.pool, r.binding_id, r.pool_kind, tuple(r.hardware_tags), r.allow_fallback, r.auto)
 
-    def to_proto(self) -> lp.AffinityRule:
-        return lp.AffinityRule(
+    def to_proto(self) -> pp.AffinityRule:
+        return pp.AffinityRule(
             task=self.task,
             pool=self.pool,
             binding_id=self.binding_id,
@@ -166,7 +166,7 @@ def check_pattern(pattern: str) -> str | None:
     return None
 
 
-def check_rule(r: lp.AffinityRule) -> str | None:
+def check_rule(r: pp.AffinityRule) -> str | None:
     """Why a rule cannot be used (naming the field), or None. Pools need not exist yet: actors may register
     later; a rule that must name an existing pool is checked where the pools are known (``rollart run``)."""
     problem = check_pattern(r.task)
@@ -230,8 +230,8 @@ class TaskProfile:
         elif self.profile == DECODE_HEAVY and ratio >= auto.prefill_ratio * auto.hysteresis:
             self.profile = PREFILL_HEAVY
 
-    def to_proto(self) -> lp.TaskProfile:
-        return lp.TaskProfile(
+    def to_proto(self) -> pp.TaskProfile:
+        return pp.TaskProfile(
             task=self.task,
             profile=self.profile,
             turns=self.turns,
@@ -255,9 +255,9 @@ class PoolInfo:
 @dataclass
 class Route:
     actor: ActorEntry
-    reason: lp.RouteReason
+    reason: pp.RouteReason
     # The pool's PD split when the actor's pool routes through PD (the caller decides by prompt length).
-    pd: lp.PdPoolConfig | None = None
+    pd: pp.PdPoolConfig | None = None
 
 
 class Router:
@@ -271,8 +271,8 @@ class Router:
         # Rules set by SetAffinity/config, and rules derived from resource-manager bindings (affinity_tag).
         self.rules: dict[str, Rule] = {}
         self.derived_rules: dict[str, Rule] = {}
-        self.pd: dict[str, lp.PdPoolConfig] = {}
-        self.window = lp.VersionWindow()
+        self.pd: dict[str, pp.PdPoolConfig] = {}
+        self.window = pp.VersionWindow()
         self.max_sticky = max_sticky
         # trajectory -> (actor id, prefill actor id or "")
         self.sticky: OrderedDict[str, tuple[str, str]] = OrderedDict()
@@ -426,7 +426,7 @@ class Router:
 
     # ------------------------------------------------------------------------------------------ PD
 
-    def _pd_of(self, pool: str) -> lp.PdPoolConfig | None:
+    def _pd_of(self, pool: str) -> pp.PdPoolConfig | None:
         cfg = self.pd.get(pool)
         return cfg if cfg is not None and cfg.enabled else None
 
@@ -439,7 +439,7 @@ class Router:
                 return a.actor_id in cfg.decode_actor_ids
         return a.pd_role != common_pb2.PD_ROLE_PREFILL
 
-    def prefill_candidates(self, cfg: lp.PdPoolConfig) -> list[ActorEntry]:
+    def prefill_candidates(self, cfg: pp.PdPoolConfig) -> list[ActorEntry]:
         if cfg.prefill_actor_ids:
             return [self.actors[i] for i in cfg.prefill_actor_ids if i in self.actors]
         return [a for a in self.actors.values() if a.pool == cfg.pool and a.pd_role == common_pb2.PD_ROLE_PREFILL]
@@ -492,13 +492,13 @@ class Router:
                 self.sticky.move_to_end(trajectory_id)
                 if a not in in_scope:
                     self._count_fallback(task, trajectory_id, rule, "no usable actor in scope")
-                return Route(a, lp.ROUTE_REASON_STICKY, self._pd_of(a.pool))
+                return Route(a, pp.ROUTE_REASON_STICKY, self._pd_of(a.pool))
         if preferred_actor_id:
             a = acceptable(preferred_actor_id)
             if a is not None and (a in in_scope or (rule is not None and rule.allow_fallback)):
                 if a not in in_scope:
                     self._count_fallback(task, trajectory_id, rule, "no usable actor in scope")
-                return Route(a, lp.ROUTE_REASON_PREFERRED, self._pd_of(a.pool))
+                return Route(a, pp.ROUTE_REASON_PREFERRED, self._pd_of(a.pool))
         retry = trajectory_id in self.retrying
         spill = (
             rule is not None
@@ -515,17 +515,17 @@ class Router:
             if tier:
                 a = self.least_loaded(tier)
                 self._count_fallback(task, trajectory_id, rule, f"saturated: {len(fresh_in_scope)} actor(s) in scope")
-                return Route(a, lp.ROUTE_REASON_RETRY if retry else lp.ROUTE_REASON_FALLBACK, self._pd_of(a.pool))
+                return Route(a, pp.ROUTE_REASON_RETRY if retry else pp.ROUTE_REASON_FALLBACK, self._pd_of(a.pool))
         if fresh_in_scope:
             a = self.least_loaded(fresh_in_scope)
-            reason = lp.ROUTE_REASON_RETRY if retry else lp.ROUTE_REASON_LEAST_LOADED
+            reason = pp.ROUTE_REASON_RETRY if retry else pp.ROUTE_REASON_LEAST_LOADED
             return Route(a, reason, self._pd_of(a.pool))
         if rule is not None and rule.allow_fallback and fresh:
             compatible = self.compatible_pools(rule, actors)
             tier = [a for a in fresh if a.pool in compatible] or fresh
             a = self.least_loaded(tier)
             self._count_fallback(task, trajectory_id, rule, "no usable actor in scope")
-            return Route(a, lp.ROUTE_REASON_RETRY if retry else lp.ROUTE_REASON_FALLBACK, self._pd_of(a.pool))
+            return Route(a, pp.ROUTE_REASON_RETRY if retry else pp.ROUTE_REASON_FALLBACK, self._pd_of(a.pool))
         raise self._no_route(task, rule, lo, hi, exclude)
 
     def _no_route(self, task: str, rule: Rule | None, lo: int, hi: int, exclude) -> NoRoute:
@@ -544,7 +544,7 @@ class Router:
             elif a.actor_id in exclude:
                 why = "failed this turn"
             elif a.state != HEALTHY:
-                why = lp.ProxyActorState.Name(a.state).removeprefix("PROXY_ACTOR_STATE_").lower()
+                why = pp.ProxyActorState.Name(a.state).removeprefix("PROXY_ACTOR_STATE_").lower()
             elif not a.ready:
                 why = "not ready"
             elif not a.admits(lo, hi):
@@ -558,7 +558,7 @@ class Router:
         return NoRoute(f"no usable actor for {where} right now ({shown})", retryable=True)
 
     def choose_prefill(
-        self, trajectory_id: str, cfg: lp.PdPoolConfig, lo: int, hi: int, exclude: frozenset[str] | set[str]
+        self, trajectory_id: str, cfg: pp.PdPoolConfig, lo: int, hi: int, exclude: frozenset[str] | set[str]
     ) -> ActorEntry | None:
         candidates = [a for a in self.prefill_candidates(cfg) if self.usable(a, lo, hi, exclude)]
         if not candidates:

@@ -15,7 +15,7 @@ from grpc import aio
 
 from rollart.discovery import Registration
 from rollart.v1 import common_pb2
-from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2 as pp
 from rollart.v1 import llmproxy_pb2_grpc as lg
 from rollart.v1 import resource_manager_pb2 as rm
 
@@ -28,7 +28,7 @@ from .openai_http import OpenAIServer
 log = logging.getLogger(__name__)
 
 
-def _wire(response: bytes | lp.TrajectoryGenerateResponse) -> bytes:
+def _wire(response: bytes | pp.TrajectoryGenerateResponse) -> bytes:
     """Generate's response serializer: forwarded responses arrive already encoded (``Proxy.generate_wire``)."""
     return response if isinstance(response, bytes) else response.SerializeToString()
 
@@ -49,7 +49,7 @@ class _Handlers:
 
 class LLMProxyService(lg.LLMProxyServicer):
     name = "llmproxy"
-    service_names = [lp.DESCRIPTOR.services_by_name["LLMProxy"].full_name]
+    service_names = [pp.DESCRIPTOR.services_by_name["LLMProxy"].full_name]
 
     def __init__(self, cfg: LLMProxyConfig) -> None:
         self.cfg = cfg
@@ -138,45 +138,45 @@ class LLMProxyService(lg.LLMProxyServicer):
     # --------------------------------------------------------------------------------------------- generation
 
     async def Generate(
-        self, request: lp.TrajectoryGenerateRequest, context: aio.ServicerContext
-    ) -> AsyncIterator[bytes | lp.TrajectoryGenerateResponse]:
+        self, request: pp.TrajectoryGenerateRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[bytes | pp.TrajectoryGenerateResponse]:
         # A failed turn raises TurnError: the server's handler wrapper ends the stream with its status.
         # Encoded responses: the actor's chunks are forwarded as received (see _wire).
         async with aclosing(self.p.generate_wire(request, context.time_remaining())) as gen:
             async for resp in gen:
                 yield resp
 
-    async def Tokenize(self, request: lp.ProxyTokenizeRequest, context: aio.ServicerContext) -> Any:
+    async def Tokenize(self, request: pp.ProxyTokenizeRequest, context: aio.ServicerContext) -> Any:
         validators.tokenize(request)
         remaining = context.time_remaining()
         return await self.p.tokenize(request.task, request.request, min(remaining or 30.0, 30.0))
 
     # ------------------------------------------------------------------------------------------ step protocol
 
-    async def Suspend(self, request: lp.SuspendRequest, context: aio.ServicerContext) -> lp.AdmissionState:
+    async def Suspend(self, request: pp.SuspendRequest, context: aio.ServicerContext) -> pp.AdmissionState:
         validators.suspend(request)
         return self.p.suspend(request.reason, request.step)
 
-    async def Resume(self, request: lp.ResumeRequest, context: aio.ServicerContext) -> lp.AdmissionState:
+    async def Resume(self, request: pp.ResumeRequest, context: aio.ServicerContext) -> pp.AdmissionState:
         return self.p.resume()
 
-    async def Abort(self, request: lp.ProxyAbortRequest, context: aio.ServicerContext) -> lp.ProxyAbortResponse:
+    async def Abort(self, request: pp.ProxyAbortRequest, context: aio.ServicerContext) -> pp.ProxyAbortResponse:
         validators.abort(request)
         return self.p.abort(list(request.trajectory_ids), request.reason[:1000])
 
     async def SetVersionWindow(
-        self, request: lp.SetVersionWindowRequest, context: aio.ServicerContext
-    ) -> lp.VersionWindow:
+        self, request: pp.SetVersionWindowRequest, context: aio.ServicerContext
+    ) -> pp.VersionWindow:
         return self.p.set_window(request.window)
 
     # ---------------------------------------------------------------------------------------- membership
 
     async def ListActors(
-        self, request: lp.ListProxyActorsRequest, context: aio.ServicerContext
-    ) -> lp.ListProxyActorsResponse:
-        return lp.ListProxyActorsResponse(actors=self.p.list_actors(request.pool))
+        self, request: pp.ListProxyActorsRequest, context: aio.ServicerContext
+    ) -> pp.ListProxyActorsResponse:
+        return pp.ListProxyActorsResponse(actors=self.p.list_actors(request.pool))
 
-    async def AddActor(self, request: lp.AddProxyActorRequest, context: aio.ServicerContext) -> lp.ProxyActor:
+    async def AddActor(self, request: pp.AddProxyActorRequest, context: aio.ServicerContext) -> pp.ProxyActor:
         validators.add_actor(request)
         self.p.removed_by_hand.discard(request.actor_id)
         entry = self.p.add_actor(
@@ -197,25 +197,25 @@ class LLMProxyService(lg.LLMProxyServicer):
         return self.p.proxy_actor(entry, self.p.router.sticky_counts())
 
     async def RemoveActor(
-        self, request: lp.RemoveProxyActorRequest, context: aio.ServicerContext
+        self, request: pp.RemoveProxyActorRequest, context: aio.ServicerContext
     ) -> common_pb2.Nothing:
         validators.check_id("actor_id", request.actor_id)
         self.p.remove_actor(request.actor_id, request.abort_in_flight)
         return common_pb2.Nothing()
 
-    async def SetAffinity(self, request: lp.SetAffinityRequest, context: aio.ServicerContext) -> lp.AffinityTable:
+    async def SetAffinity(self, request: pp.SetAffinityRequest, context: aio.ServicerContext) -> pp.AffinityTable:
         self.p.set_affinity(list(request.rules), request.merge)
         return self.p.affinity_table()
 
-    async def GetAffinity(self, request: lp.GetAffinityRequest, context: aio.ServicerContext) -> lp.AffinityTable:
+    async def GetAffinity(self, request: pp.GetAffinityRequest, context: aio.ServicerContext) -> pp.AffinityTable:
         return self.p.affinity_table()
 
-    async def SetPdConfig(self, request: lp.SetPdConfigRequest, context: aio.ServicerContext) -> lp.PdRouting:
+    async def SetPdConfig(self, request: pp.SetPdConfigRequest, context: aio.ServicerContext) -> pp.PdRouting:
         self.p.set_pd(list(request.pools), request.merge)
         return self.p.pd_routing()
 
-    async def GetPdConfig(self, request: lp.GetPdConfigRequest, context: aio.ServicerContext) -> lp.PdRouting:
+    async def GetPdConfig(self, request: pp.GetPdConfigRequest, context: aio.ServicerContext) -> pp.PdRouting:
         return self.p.pd_routing()
 
-    async def GetStatus(self, request: lp.ProxyStatusRequest, context: aio.ServicerContext) -> lp.ProxyStatus:
+    async def GetStatus(self, request: pp.ProxyStatusRequest, context: aio.ServicerContext) -> pp.ProxyStatus:
         return self.p.status()

@@ -13,7 +13,7 @@ from grpc import aio
 
 from rollart.runtime import errors, ids
 from rollart.v1 import common_pb2
-from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2 as pp
 
 from .router import ActorEntry
 
@@ -40,7 +40,7 @@ class Forward:
 
     raw: bytes
     chunk: common_pb2.GenerationChunk
-    route: lp.RouteInfo | None = None
+    route: pp.RouteInfo | None = None
 
     def wire(self) -> bytes:
         """The encoded ``TrajectoryGenerateResponse`` (route = field 1, chunk = field 2), built around the
@@ -51,8 +51,8 @@ class Forward:
             head = b"\x0a" + _varint(len(r)) + r
         return head + b"\x12" + _varint(len(self.raw)) + self.raw
 
-    def message(self) -> lp.TrajectoryGenerateResponse:
-        resp = lp.TrajectoryGenerateResponse(chunk=self.chunk)
+    def message(self) -> pp.TrajectoryGenerateResponse:
+        resp = pp.TrajectoryGenerateResponse(chunk=self.chunk)
         if self.route is not None:
             resp.route.CopyFrom(self.route)
         return resp

@@ -16,7 +16,7 @@ from rollart.runtime import errors, ids
 from rollart.runtime import validation as v
 from rollart.runtime.config import _check_address
 from rollart.v1 import common_pb2
-from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2 as pp
 
 from .turn import MAX_ID, TurnError
 
@@ -58,7 +58,7 @@ def sampling(s: common_pb2.SamplingParams) -> None:
         raise TurnError(INVALID, "sampling.repetition_penalty must be >= 0", field="sampling.repetition_penalty")
 
 
-def generate(req: lp.TrajectoryGenerateRequest) -> None:
+def generate(req: pp.TrajectoryGenerateRequest) -> None:
     check_id("trajectory_id", req.trajectory_id)
     check_id("request_id", req.request_id, required=False)
     check_id("lease_id", req.lease_id, required=False)
@@ -84,24 +84,24 @@ def generate(req: lp.TrajectoryGenerateRequest) -> None:
             raise TurnError(INVALID, exc.details(), field="deadline") from None
 
 
-def tokenize(request: lp.ProxyTokenizeRequest) -> None:
+def tokenize(request: pp.ProxyTokenizeRequest) -> None:
     if not request.HasField("request"):
         raise TurnError(INVALID, "request is required", field="request")
 
 
-def suspend(request: lp.SuspendRequest) -> None:
+def suspend(request: pp.SuspendRequest) -> None:
     if len(request.reason) > MAX_REASON_CHARS:
         raise TurnError(INVALID, f"reason is longer than {MAX_REASON_CHARS} characters", field="reason")
 
 
-def abort(request: lp.ProxyAbortRequest) -> None:
+def abort(request: pp.ProxyAbortRequest) -> None:
     if not request.trajectory_ids:
         raise TurnError(INVALID, "trajectory_ids is required", field="trajectory_ids")
     for i, tid in enumerate(request.trajectory_ids):
         check_id(f"trajectory_ids[{i}]", tid)
 
 
-def add_actor(request: lp.AddProxyActorRequest) -> None:
+def add_actor(request: pp.AddProxyActorRequest) -> None:
     check_id("actor_id", request.actor_id)
     try:
         _check_address(request.endpoint)
@@ -111,7 +111,7 @@ def add_actor(request: lp.AddProxyActorRequest) -> None:
         raise TurnError(INVALID, f"unknown pd_role {request.pd_role}", field="pd_role")
 
 
-def affinity_rules(rules: list[lp.AffinityRule]) -> None:
+def affinity_rules(rules: list[pp.AffinityRule]) -> None:
     """Each rule usable and each task once (whether a pool exists is the actor table's to say)."""
     from .router import check_rule
 
@@ -127,7 +127,7 @@ def affinity_rules(rules: list[lp.AffinityRule]) -> None:
         seen.add(r.task)
 
 
-def pd_pools(pools: list[lp.PdPoolConfig]) -> None:
+def pd_pools(pools: list[pp.PdPoolConfig]) -> None:
     seen: set[str] = set()
     for i, p in enumerate(pools):
         at = f"pools[{i}]"
@@ -149,7 +149,7 @@ def pd_pools(pools: list[lp.PdPoolConfig]) -> None:
         seen.add(p.pool)
 
 
-def version_window(window: lp.VersionWindow) -> None:
+def version_window(window: pp.VersionWindow) -> None:
     if window.min_version < 0 or window.max_version < 0:
         raise TurnError(INVALID, "versions must be >= 0", field="window")
     if window.max_version and window.max_version < window.min_version:

@@ -31,7 +31,7 @@ import openai  # noqa: E402
 from rollart.local.processes import start_redis  # noqa: E402
 from rollart.runtime.auth import bearer  # noqa: E402
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2, ledger_pb2, ledger_pb2_grpc  # noqa: E402
-from rollart.v1 import llmproxy_pb2 as lp  # noqa: E402
+from rollart.v1 import llmproxy_pb2 as pp  # noqa: E402
 from rollart.v1 import llmproxy_pb2_grpc as lg  # noqa: E402
 from rollart.v1 import resource_manager_pb2 as rm  # noqa: E402
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc  # noqa: E402
@@ -162,8 +162,8 @@ def env(tmp_path_factory: pytest.TempPathFactory):
         )
         deadline = time.monotonic() + 60
         while True:  # discovered through the resource manager, polled ready
-            listed = e.proxy.ListActors(lp.ListProxyActorsRequest(), metadata=MD, timeout=10).actors
-            if len([a for a in listed if a.ready and a.state == lp.PROXY_ACTOR_STATE_HEALTHY]) == 2:
+            listed = e.proxy.ListActors(pp.ListProxyActorsRequest(), metadata=MD, timeout=10).actors
+            if len([a for a in listed if a.ready and a.state == pp.PROXY_ACTOR_STATE_HEALTHY]) == 2:
                 break
             assert time.monotonic() < deadline, f"the proxy never saw both actors ready: {listed}"
             time.sleep(0.2)
@@ -178,10 +178,10 @@ def env(tmp_path_factory: pytest.TempPathFactory):
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def turn(tid: str, prompt: list[int] | None = None, *, n: int = 16, **kw) -> lp.TrajectoryGenerateRequest:
+def turn(tid: str, prompt: list[int] | None = None, *, n: int = 16, **kw) -> pp.TrajectoryGenerateRequest:
     inp = kw.pop("input", None) or common_pb2.ModelInput(token_ids=prompt or [5, 6, 7, 8])
     sampling = common_pb2.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=True)
-    return lp.TrajectoryGenerateRequest(trajectory_id=tid, input=inp, sampling=sampling, **kw)
+    return pp.TrajectoryGenerateRequest(trajectory_id=tid, input=inp, sampling=sampling, **kw)
 
 
 @dataclass
@@ -194,7 +194,7 @@ class Result:
         return [t for r in self.responses for t in r.chunk.token_ids]
 
     @property
-    def route(self) -> lp.RouteInfo:
+    def route(self) -> pp.RouteInfo:
         return self.responses[0].route
 
     @property
@@ -252,8 +252,8 @@ def direct(e: Env, aid: str, prompt: list[int], n: int) -> list[int]:
     return [t for c in e.actors[aid].Generate(req, metadata=MD, timeout=120) for t in c.token_ids]
 
 
-def actors(e: Env) -> dict[str, lp.ProxyActor]:
-    return {a.actor_id: a for a in e.proxy.ListActors(lp.ListProxyActorsRequest(), metadata=MD, timeout=10).actors}
+def actors(e: Env) -> dict[str, pp.ProxyActor]:
+    return {a.actor_id: a for a in e.proxy.ListActors(pp.ListProxyActorsRequest(), metadata=MD, timeout=10).actors}
 
 
 # -------------------------------------------------------------------------------------------------- tests
@@ -263,7 +263,7 @@ def test_actors_are_discovered_through_the_resource_manager(env: Env) -> None:
     listed = actors(env)
     assert set(listed) == {A, B}
     a = listed[A]
-    assert a.pool == "cpu-a" and a.source == lp.ACTOR_SOURCE_BINDING and a.model == "tiny"
+    assert a.pool == "cpu-a" and a.source == pp.ACTOR_SOURCE_BINDING and a.model == "tiny"
     assert a.version_known and a.active_version == 0 and "compute" in a.hardware.tags
     assert listed[B].pool == "cpu-b" and listed[B].endpoint == env.actor_info[B]["address"]
 
@@ -272,7 +272,7 @@ def test_turns_stick_to_one_actor_and_match_the_actor_directly(env: Env) -> None
     history = [11, 12, 13, 14, 15]
     first = gen(env, turn("sticky-1", history, n=12))
     assert first.error is None, first.error
-    assert first.route.reason == lp.ROUTE_REASON_LEAST_LOADED and first.finish == FR.FINISH_REASON_LENGTH
+    assert first.route.reason == pp.ROUTE_REASON_LEAST_LOADED and first.finish == FR.FINISH_REASON_LENGTH
     owner = first.route.actor_id
     # Greedy through the proxy equals greedy on the actor itself: the proxy passes tokens through untouched.
     assert first.tokens == direct(env, owner, history, 12)
@@ -281,7 +281,7 @@ def test_turns_stick_to_one_actor_and_match_the_actor_directly(env: Env) -> None
     for t in range(1, 4):  # later turns carry the whole history and stay on the same actor
         history = history + first.tokens + [20 + t]
         nxt = gen(env, turn("sticky-1", history, n=8, turn=t))
-        assert nxt.error is None and nxt.route.actor_id == owner and nxt.route.reason == lp.ROUTE_REASON_STICKY
+        assert nxt.error is None and nxt.route.actor_id == owner and nxt.route.reason == pp.ROUTE_REASON_STICKY
         first = nxt
     # Concurrent new trajectories spread over both actors (least outstanding tokens).
     bgs = [Background(env, turn(f"spread-{i}", [30 + i] * 6, n=48)) for i in range(4)]
@@ -292,7 +292,7 @@ def test_turns_stick_to_one_actor_and_match_the_actor_directly(env: Env) -> None
 
 def test_affinity_by_rule_and_by_resource_manager_binding(env: Env) -> None:
     env.proxy.SetAffinity(
-        lp.SetAffinityRequest(rules=[lp.AffinityRule(task="math", pool="cpu-b", allow_fallback=False)], merge=True),
+        pp.SetAffinityRequest(rules=[pp.AffinityRule(task="math", pool="cpu-b", allow_fallback=False)], merge=True),
         metadata=MD,
         timeout=10,
     )
@@ -315,7 +315,7 @@ def test_affinity_by_rule_and_by_resource_manager_binding(env: Env) -> None:
     )
     deadline = time.monotonic() + 15
     while True:
-        table = env.proxy.GetAffinity(lp.GetAffinityRequest(), metadata=MD, timeout=10)
+        table = env.proxy.GetAffinity(pp.GetAffinityRequest(), metadata=MD, timeout=10)
         if any(r.task == "judge" and r.from_binding for r in table.rules):
             break
         assert time.monotonic() < deadline, f"binding rule never appeared: {table}"
@@ -329,17 +329,17 @@ def test_affinity_by_rule_and_by_resource_manager_binding(env: Env) -> None:
 def test_suspend_and_resume_with_turns_in_flight(env: Env) -> None:
     long = Background(env, turn("in-flight", [60, 61, 62], n=400, task="math"))
     long.wait_tokens(5)
-    state = env.proxy.Suspend(lp.SuspendRequest(reason="update", step=1), metadata=MD, timeout=10)
+    state = env.proxy.Suspend(pp.SuspendRequest(reason="update", step=1), metadata=MD, timeout=10)
     assert state.suspended and state.in_flight_requests >= 1
     waiting = Background(env, turn("after-suspend", [63, 64], n=4, task="math"))
     time.sleep(1.0)
     assert not waiting.done.is_set() and not waiting.result.responses
-    st = env.proxy.GetStatus(lp.ProxyStatusRequest(), metadata=MD, timeout=10)
+    st = env.proxy.GetStatus(pp.ProxyStatusRequest(), metadata=MD, timeout=10)
     assert st.admission.suspended and st.admission.waiting_requests == 1
     done = long.join()  # in-flight work continues to the end while suspended
     assert done.error is None and len(done.tokens) == 400 and done.finish == FR.FINISH_REASON_LENGTH
     assert not waiting.done.is_set()
-    resumed = env.proxy.Resume(lp.ResumeRequest(step=1), metadata=MD, timeout=10)
+    resumed = env.proxy.Resume(pp.ResumeRequest(step=1), metadata=MD, timeout=10)
     assert resumed.released == 1 and not resumed.suspended and resumed.suspended_for.ToNanoseconds() > 1e9
     r = waiting.join()
     assert r.error is None and len(r.tokens) == 4 and r.route.admission_wait.ToNanoseconds() > 1e9
@@ -351,7 +351,7 @@ def test_abort_ends_every_turn_of_the_trajectory(env: Env) -> None:
     for v in victims:
         v.wait_tokens(3)
     resp = env.proxy.Abort(
-        lp.ProxyAbortRequest(trajectory_ids=["abort-me"], reason="lease cancelled"), metadata=MD, timeout=10
+        pp.ProxyAbortRequest(trajectory_ids=["abort-me"], reason="lease cancelled"), metadata=MD, timeout=10
     )
     assert resp.aborted_requests == 2 and list(resp.aborted_trajectory_ids) == ["abort-me"]
     for v in victims:
@@ -371,7 +371,7 @@ def test_abort_ends_every_turn_of_the_trajectory(env: Env) -> None:
             break
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    again = env.proxy.Abort(lp.ProxyAbortRequest(trajectory_ids=["abort-me"]), metadata=MD, timeout=10)
+    again = env.proxy.Abort(pp.ProxyAbortRequest(trajectory_ids=["abort-me"]), metadata=MD, timeout=10)
     assert again.aborted_requests == 0
 
 
@@ -388,9 +388,9 @@ def test_pd_prefill_on_one_actor_decode_on_the_other_moves_real_kv(env: Env) -> 
     injected_before = env.actor_logs[B].read_text(errors="replace").count("Inject KV cache")
     folders_before = {p.name for p in env.store.iterdir()}
     env.proxy.SetPdConfig(
-        lp.SetPdConfigRequest(
+        pp.SetPdConfigRequest(
             pools=[
-                lp.PdPoolConfig(
+                pp.PdPoolConfig(
                     pool="cpu-b",
                     enabled=True,
                     prefill_actor_ids=[A],
@@ -415,7 +415,7 @@ def test_pd_prefill_on_one_actor_decode_on_the_other_moves_real_kv(env: Env) -> 
         short = gen(env, turn("pd-2", [1, 2, 3], n=4, task="math"))  # below min_prompt_tokens: unified
         assert short.error is None and short.route.actor_id == B and short.route.prefill_actor_id == ""
     finally:
-        env.proxy.SetPdConfig(lp.SetPdConfigRequest(pools=[]), metadata=MD, timeout=10)
+        env.proxy.SetPdConfig(pp.SetPdConfigRequest(pools=[]), metadata=MD, timeout=10)
 
 
 def test_openai_client_chat_completions_and_streaming(env: Env) -> None:
@@ -526,22 +526,22 @@ def test_step_plans_from_the_ledger_reach_the_proxy(env: Env) -> None:
     plan = env.ledger.PlanStep(ledger_pb2.PlanStepRequest(step=1, version=0, batch_size=8), metadata=MD, timeout=10)
     assert {al.actor_id for al in plan.allocations} <= {A, B} and plan.allocations
     deadline = time.monotonic() + 15
-    while env.proxy.GetStatus(lp.ProxyStatusRequest(), metadata=MD, timeout=10).plan_step != 1:
+    while env.proxy.GetStatus(pp.ProxyStatusRequest(), metadata=MD, timeout=10).plan_step != 1:
         assert time.monotonic() < deadline, "the proxy never saw the step plan"
         time.sleep(0.1)
     listed = actors(env)
     assert sum(listed[al.actor_id].step_allocation for al in plan.allocations) == 8
-    st = env.proxy.GetStatus(lp.ProxyStatusRequest(), metadata=MD, timeout=10)
+    st = env.proxy.GetStatus(pp.ProxyStatusRequest(), metadata=MD, timeout=10)
     assert st.version_window.min_version == 0  # v0 - alpha, floored at 0
 
 
-def profiles(e: Env) -> dict[str, lp.TaskProfile]:
-    return {p.task: p for p in e.proxy.GetAffinity(lp.GetAffinityRequest(), metadata=MD, timeout=10).profiles}
+def profiles(e: Env) -> dict[str, pp.TaskProfile]:
+    return {p.task: p for p in e.proxy.GetAffinity(pp.GetAffinityRequest(), metadata=MD, timeout=10).profiles}
 
 
 def test_auto_affinity_classifies_tasks_and_routes_them_by_kind(env: Env) -> None:
     env.proxy.SetAffinity(
-        lp.SetAffinityRequest(rules=[lp.AffinityRule(task="*", auto=True, allow_fallback=True)]),
+        pp.SetAffinityRequest(rules=[pp.AffinityRule(task="*", auto=True, allow_fallback=True)]),
         metadata=MD,
         timeout=10,
     )
@@ -560,14 +560,14 @@ def test_auto_affinity_classifies_tasks_and_routes_them_by_kind(env: Env) -> Non
         assert r.error is None and r.route.actor_id == A and r.route.pool == "cpu-a"
         r = gen(env, turn(f"gen-new-{i}", [30 + i, 31], n=8, task="gen"))
         assert r.error is None and r.route.actor_id == B and r.route.pool == "cpu-b"
-    env.proxy.SetAffinity(lp.SetAffinityRequest(rules=[]), metadata=MD, timeout=10)
+    env.proxy.SetAffinity(pp.SetAffinityRequest(rules=[]), metadata=MD, timeout=10)
 
 
 def test_actor_hung_under_load_has_its_turns_cut_within_the_bound_and_comes_back(env: Env) -> None:
     """SIGSTOP (alive, connections open, answering nothing): the proxy's hang bound (hung_after 5 s + status
     timeout 2 s + poll 0.3 s here) cuts its streaming turns (retryable, resent elsewhere by the envmanager), new
     turns of its trajectories go to the other actor, and it is used again once it wakes."""
-    env.proxy.SetAffinity(lp.SetAffinityRequest(rules=[]), metadata=MD, timeout=10)
+    env.proxy.SetAffinity(pp.SetAffinityRequest(rules=[]), metadata=MD, timeout=10)
     load = [Background(env, turn(f"hang-{i}", [70 + i, 71, 72], n=600)) for i in range(6)]
     for bg in load:
         bg.wait_tokens(2)
@@ -594,13 +594,13 @@ def test_actor_hung_under_load_has_its_turns_cut_within_the_bound_and_comes_back
         r = bg.join(300)
         assert r.error is None and len(r.tokens) == 600
     deadline = time.monotonic() + 90
-    while (b := actors(env).get(B)) is None or b.state != lp.PROXY_ACTOR_STATE_HEALTHY or not b.ready:
+    while (b := actors(env).get(B)) is None or b.state != pp.PROXY_ACTOR_STATE_HEALTHY or not b.ready:
         assert time.monotonic() < deadline, f"the woken actor was not used again: {b}"
         time.sleep(0.3)
 
 
 def test_actor_sigkilled_under_load(env: Env) -> None:
-    env.proxy.SetAffinity(lp.SetAffinityRequest(rules=[]), metadata=MD, timeout=10)
+    env.proxy.SetAffinity(pp.SetAffinityRequest(rules=[]), metadata=MD, timeout=10)
     load = [Background(env, turn(f"load-{i}", [80 + i, 81, 82], n=600)) for i in range(6)]
     for bg in load:
         bg.wait_tokens(2)
@@ -623,25 +623,25 @@ def test_actor_sigkilled_under_load(env: Env) -> None:
     for bg in on_b[:2]:
         tid = bg.result.responses[0].chunk.trajectory_id
         r = gen(env, turn(tid, [90, 91], n=4))
-        assert r.error is None and r.route.actor_id == A and r.route.reason == lp.ROUTE_REASON_RETRY
-    st = env.proxy.GetStatus(lp.ProxyStatusRequest(), metadata=MD, timeout=10)
+        assert r.error is None and r.route.actor_id == A and r.route.reason == pp.ROUTE_REASON_RETRY
+    st = env.proxy.GetStatus(pp.ProxyStatusRequest(), metadata=MD, timeout=10)
     assert st.actor_failures >= len(on_b)
     b = actors(env).get(B)
-    assert b is None or b.state == lp.PROXY_ACTOR_STATE_UNHEALTHY  # unhealthy, or gone once its lease expired
+    assert b is None or b.state == pp.PROXY_ACTOR_STATE_UNHEALTHY  # unhealthy, or gone once its lease expired
 
 
 def test_a_dead_pool_s_auto_task_moves_to_the_fallback_and_says_so(env: Env) -> None:
     # B, the only actor of the bandwidth kind, was SIGKILLed above; "gen" stays decode-heavy (its profile is
     # kept), so its turns go to the compute-kind pool as fallback, counted in its profile.
     env.proxy.SetAffinity(
-        lp.SetAffinityRequest(rules=[lp.AffinityRule(task="*", auto=True, allow_fallback=True)]),
+        pp.SetAffinityRequest(rules=[pp.AffinityRule(task="*", auto=True, allow_fallback=True)]),
         metadata=MD,
         timeout=10,
     )
     before = profiles(env)["gen"].fallback_turns
     for i in range(3):
         r = gen(env, turn(f"gen-after-{i}", [40 + i, 41], n=8, task="gen"))
-        assert r.error is None and r.route.actor_id == A and r.route.reason == lp.ROUTE_REASON_FALLBACK
+        assert r.error is None and r.route.actor_id == A and r.route.reason == pp.ROUTE_REASON_FALLBACK
     p = profiles(env)["gen"]
     assert p.profile == "decode-heavy" and p.fallback_turns == before + 3
     assert p.last_fallback == "no usable actor in scope"
@@ -651,7 +651,7 @@ def test_a_dead_pool_s_auto_task_moves_to_the_fallback_and_says_so(env: Env) -> 
     assert 'rollart_llmproxy_affinity_fallback_turns_total{profile="decode-heavy",why="no_actor"}' in metrics
     # Without fallback the task is refused while its kind is gone (retryable: the kind may come back).
     env.proxy.SetAffinity(
-        lp.SetAffinityRequest(rules=[lp.AffinityRule(task="*", auto=True, allow_fallback=False)]),
+        pp.SetAffinityRequest(rules=[pp.AffinityRule(task="*", auto=True, allow_fallback=False)]),
         metadata=MD,
         timeout=10,
     )

@@ -13,7 +13,7 @@ import grpc
 
 from rollart.local.processes import pid_alive
 from rollart.runtime.auth import bearer
-from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2 as pp
 from rollart.v1 import llmproxy_pb2_grpc as lg
 from rollart.v1 import resource_manager_pb2 as rm
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
@@ -42,7 +42,7 @@ def test_rollart_up_runs_the_llmproxy_with_its_http_api(tmp_path):
         token = (state_dir / "job-token").read_text().strip()
         md = [bearer(token)]
         with grpc.insecure_channel(proxy["address"]) as ch:
-            status = lg.LLMProxyStub(ch).GetStatus(lp.ProxyStatusRequest(), metadata=md, timeout=10)
+            status = lg.LLMProxyStub(ch).GetStatus(pp.ProxyStatusRequest(), metadata=md, timeout=10)
         assert status.openai_base_url == base and status.actors == 0
         # Discoverable through the resource manager (the reward service's judge finds it this way).
         with grpc.insecure_channel(state["services"]["resource-manager"]["address"]) as ch:

@@ -10,13 +10,13 @@ import pytest
 from grpc import aio
 
 from rollart.v1 import common_pb2
-from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2 as pp
 from rollart_llmproxy.core import Forward, _varint
 
 from .test_service_api import MD, TOKEN, req, served  # noqa: F401 - the fixture
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-ROUTE = lp.RouteInfo(actor_id="a0", actor_endpoint="127.0.0.1:1", pool="p", reason=lp.ROUTE_REASON_STICKY)
+ROUTE = pp.RouteInfo(actor_id="a0", actor_endpoint="127.0.0.1:1", pool="p", reason=pp.ROUTE_REASON_STICKY)
 
 
 def _chunk(n: int, **kw) -> common_pb2.GenerationChunk:
@@ -40,7 +40,7 @@ def test_wire_is_the_serialized_response_byte_for_byte(n, route):
         chunk = common_pb2.GenerationChunk()  # an all-default chunk still marks the field present
     item = Forward(chunk.SerializeToString(), chunk, route)
     assert item.wire() == item.message().SerializeToString()
-    back = lp.TrajectoryGenerateResponse.FromString(item.wire())
+    back = pp.TrajectoryGenerateResponse.FromString(item.wire())
     assert back.HasField("chunk") and back.chunk == chunk
     assert back.HasField("route") == (route is not None)
 
@@ -59,13 +59,13 @@ async def test_grpc_responses_equal_the_proxy_messages_and_the_actor_sees_token_
     try:
         raw = ch.unary_stream(
             "/rollart.v1.LLMProxy/Generate",
-            request_serializer=lp.TrajectoryGenerateRequest.SerializeToString,
+            request_serializer=pp.TrajectoryGenerateRequest.SerializeToString,
             response_deserializer=None,
         )
         got = [r async for r in raw(req("wire-1", n=6, task="math"), metadata=(*MD, ("traceparent", TRACEPARENT)))]
     finally:
         await ch.close()
-    msgs = [lp.TrajectoryGenerateResponse.FromString(b) for b in got]
+    msgs = [pp.TrajectoryGenerateResponse.FromString(b) for b in got]
     assert msgs[0].route.actor_id == "a1" and not any(m.HasField("route") for m in msgs[1:])
     assert sum(len(m.chunk.token_ids) for m in msgs) == 6 and msgs[-1].chunk.usage.completion_tokens == 6
     # What the actor sent, chunk by chunk, is what the caller got (no field lost, none re-encoded differently).
@@ -81,7 +81,7 @@ async def test_grpc_responses_equal_the_proxy_messages_and_the_actor_sees_token_
 async def test_grpc_generate_refuses_oversized_and_unauthorised_requests_before_any_actor_call(served):  # noqa: F811
     stub, _, (a0, a1) = served
     before = len(a0.requests) + len(a1.requests)
-    big = lp.TrajectoryGenerateRequest(
+    big = pp.TrajectoryGenerateRequest(
         trajectory_id="big",
         input=common_pb2.ModelInput(text="x" * (17 << 20)),  # over the proxy's 16 MiB receive limit
         sampling=common_pb2.SamplingParams(max_tokens=2),

@@ -6,7 +6,7 @@ import pytest
 
 from rollart.v1 import common_pb2
 from rollart.v1 import ledger_pb2 as ledger
-from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2 as pp
 from rollart.v1 import resource_manager_pb2 as rm
 from rollart_llmproxy.config import LLMProxyConfig
 from rollart_llmproxy.core import Proxy
@@ -73,7 +73,7 @@ async def test_resource_manager_listing_becomes_actors_pools_and_binding_rules(p
     table = proxy.affinity_table()
     assert [(r.task, r.from_binding) for r in table.rules] == [("gem:*", True)]
     # An explicit rule for the same tag hides the derived one; SetAffinity ignores output-only rules.
-    proxy.set_affinity([lp.AffinityRule(task="gem:*", pool="h800"), *table.rules], merge=True)
+    proxy.set_affinity([pp.AffinityRule(task="gem:*", pool="h800"), *table.rules], merge=True)
     assert [(r.task, r.pool, r.from_binding) for r in proxy.affinity_table().rules] == [("gem:*", "h800", False)]
     assert proxy.synced
 
@@ -91,16 +91,16 @@ async def test_resource_manager_listing_becomes_actors_pools_and_binding_rules(p
 async def test_a_rule_naming_no_pool_without_fallback_is_refused_once_synced(proxy):
     from rollart_llmproxy.core import TurnError
 
-    rule = lp.AffinityRule(task="math", pool="h100", allow_fallback=False)
+    rule = pp.AffinityRule(task="math", pool="h100", allow_fallback=False)
     proxy.set_affinity([rule], merge=True)  # before the first listing nobody knows the pools yet: accepted
     sync = ResourceManagerSync(proxy, "127.0.0.1:1")
     sync.apply([rm.Pool(name="h20", kind=PK.POOL_KIND_GPU_BANDWIDTH)], [], [])
     with pytest.raises(TurnError, match=r"rules\[0\]\.pool: no pool named 'h100'"):
         proxy.set_affinity([rule], merge=True)
-    proxy.set_affinity([lp.AffinityRule(task="math", pool="h100", allow_fallback=True)], merge=True)
-    proxy.set_affinity([lp.AffinityRule(task="math", pool="h20", allow_fallback=False)], merge=True)
+    proxy.set_affinity([pp.AffinityRule(task="math", pool="h100", allow_fallback=True)], merge=True)
+    proxy.set_affinity([pp.AffinityRule(task="math", pool="h20", allow_fallback=False)], merge=True)
     with pytest.raises(TurnError, match=r"rules\[0\]: auto"):
-        proxy.set_affinity([lp.AffinityRule(task="*", auto=True, pool_kind=PK.POOL_KIND_CPU)], merge=True)
+        proxy.set_affinity([pp.AffinityRule(task="*", auto=True, pool_kind=PK.POOL_KIND_CPU)], merge=True)
     await sync.channel.close()
 
 

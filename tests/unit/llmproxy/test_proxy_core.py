@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from rollart.v1 import actor_pb2, common_pb2
-from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2 as pp
 from rollart_llmproxy.config import LLMProxyConfig
 from rollart_llmproxy.core import Proxy, TurnError
 
@@ -57,14 +57,14 @@ async def env():
         await a.kill()
 
 
-def turn(tid: str, n: int = 5, **kw) -> lp.TrajectoryGenerateRequest:
+def turn(tid: str, n: int = 5, **kw) -> pp.TrajectoryGenerateRequest:
     inp = kw.pop("input", None) or common_pb2.ModelInput(token_ids=[1, 2, 3])
-    return lp.TrajectoryGenerateRequest(
+    return pp.TrajectoryGenerateRequest(
         trajectory_id=tid, input=inp, sampling=common_pb2.SamplingParams(max_tokens=n, logprobs=True), **kw
     )
 
 
-async def run(p: Proxy, req) -> tuple[list[lp.TrajectoryGenerateResponse], TurnError | None]:
+async def run(p: Proxy, req) -> tuple[list[pp.TrajectoryGenerateResponse], TurnError | None]:
     out = []
     try:
         async for r in p.generate(req):
@@ -87,8 +87,8 @@ async def test_turns_of_a_trajectory_stay_on_one_actor(env):
         routes.append(out[0].route)
         assert not any(r.HasField("route") for r in out[1:])  # routing info on the first response only
     assert len({r.actor_id for r in routes}) == 1
-    assert routes[0].reason == lp.ROUTE_REASON_LEAST_LOADED
-    assert all(r.reason == lp.ROUTE_REASON_STICKY for r in routes[1:])
+    assert routes[0].reason == pp.ROUTE_REASON_LEAST_LOADED
+    assert all(r.reason == pp.ROUTE_REASON_STICKY for r in routes[1:])
     # Load went back to zero, and the sticky trajectory is counted.
     actors = {a.actor_id: a for a in p.list_actors()}
     assert all(a.outstanding_tokens == 0 and a.outstanding_requests == 0 for a in actors.values())
@@ -110,11 +110,11 @@ async def test_dead_actor_before_any_token_is_retried_elsewhere(env):
     await a0.kill()
     out, err = await run(p, turn("t"))
     assert err is None
-    assert out[0].route.actor_id == "a1" and out[0].route.reason == lp.ROUTE_REASON_RETRY
-    assert p.router.actors["a0"].state == lp.PROXY_ACTOR_STATE_UNHEALTHY
+    assert out[0].route.actor_id == "a1" and out[0].route.reason == pp.ROUTE_REASON_RETRY
+    assert p.router.actors["a0"].state == pp.PROXY_ACTOR_STATE_UNHEALTHY
     # The next turn sticks to the new actor.
     out, _ = await run(p, turn("t"))
-    assert out[0].route.actor_id == "a1" and out[0].route.reason == lp.ROUTE_REASON_STICKY
+    assert out[0].route.actor_id == "a1" and out[0].route.reason == pp.ROUTE_REASON_STICKY
 
 
 async def test_dead_actor_mid_stream_ends_in_flight_turns_retryable(env):
@@ -133,7 +133,7 @@ async def test_dead_actor_mid_stream_ends_in_flight_turns_retryable(env):
     assert p.status().actor_failures == 1
     # New turns of that trajectory go to the live actor and say RETRY.
     out, err = await run(p, turn("t"))
-    assert err is None and out[0].route.actor_id == "a1" and out[0].route.reason == lp.ROUTE_REASON_RETRY
+    assert err is None and out[0].route.actor_id == "a1" and out[0].route.reason == pp.ROUTE_REASON_RETRY
 
 
 async def test_suspend_holds_new_turns_while_in_flight_ones_continue(env):
@@ -215,7 +215,7 @@ async def test_pd_turn_prefills_on_one_actor_and_decodes_on_another(env):
         await p.poll_once(p.router.actors[aid], p.clients[aid])
     assert p.router.actors["a0"].pd_role == common_pb2.PD_ROLE_PREFILL
     p.set_pd(
-        [lp.PdPoolConfig(pool="p", enabled=True, kv_connector="ExampleConnector", min_prompt_tokens=4)], merge=False
+        [pp.PdPoolConfig(pool="p", enabled=True, kv_connector="ExampleConnector", min_prompt_tokens=4)], merge=False
     )
     msgs = common_pb2.ModelInput(messages=[common_pb2.ChatMessage(role="user", content="hello there")])
     out, err = await run(p, turn("t", n=4, input=msgs))
@@ -254,7 +254,7 @@ async def test_remove_actor_drains_or_aborts(env):
     while not a0.active:
         await asyncio.sleep(0.005)
     p.remove_actor("a0", abort_in_flight=False)
-    assert p.router.actors["a0"].state == lp.PROXY_ACTOR_STATE_DRAINING
+    assert p.router.actors["a0"].state == pp.PROXY_ACTOR_STATE_DRAINING
     out, err = await run(p, turn("d2"))  # new turns avoid it
     assert out[0].route.actor_id == "a1"
     out, err = await asyncio.wait_for(draining, 5)
@@ -278,7 +278,7 @@ async def test_remove_actor_drains_or_aborts(env):
 
 async def test_version_window_waits_for_an_admissible_actor(env):
     p, (a0,) = await env(1, version=3)
-    p.set_window(lp.VersionWindow(min_version=4))
+    p.set_window(pp.VersionWindow(min_version=4))
     out, err = await run(p, turn("t"))
     assert err is not None and err.code == grpc.StatusCode.UNAVAILABLE and "outside" in err.message
     # The actor reaches v4 while a turn waits: the status poll wakes it.
@@ -289,7 +289,7 @@ async def test_version_window_waits_for_an_admissible_actor(env):
     assert err is None and out[0].route.actor_version == 4
     assert a0.requests[-1].min_version == 4  # the actor re-checks it
     with pytest.raises(TurnError):
-        p.set_window(lp.VersionWindow(min_version=5, max_version=2))
+        p.set_window(pp.VersionWindow(min_version=5, max_version=2))
 
 
 async def test_actor_refusing_the_version_is_skipped(env):
@@ -297,7 +297,7 @@ async def test_actor_refusing_the_version_is_skipped(env):
     p.router.stick("t", "a0")
     a0.version = 1  # the proxy has not polled yet: it still believes a0 is on 2
     out, err = await run(p, turn("t", min_version=2))
-    assert err is None and out[0].route.actor_id == "a1" and out[0].route.reason == lp.ROUTE_REASON_RETRY
+    assert err is None and out[0].route.actor_id == "a1" and out[0].route.reason == pp.ROUTE_REASON_RETRY
 
 
 @pytest.mark.parametrize(
@@ -341,41 +341,41 @@ async def test_duplicate_request_id_and_no_actor_at_all(env):
 
 async def test_affinity_settings_are_validated_and_merged(env):
     p, _ = await env(1)
-    p.set_affinity([lp.AffinityRule(task="math", pool="p"), lp.AffinityRule(task="gem:*", pool="q")], merge=False)
-    p.set_affinity([lp.AffinityRule(task="math", pool="z")], merge=True)
+    p.set_affinity([pp.AffinityRule(task="math", pool="p"), pp.AffinityRule(task="gem:*", pool="q")], merge=False)
+    p.set_affinity([pp.AffinityRule(task="math", pool="z")], merge=True)
     table = {r.task: r.pool for r in p.affinity_table().rules}
     assert table == {"math": "z", "gem:*": "q"}
     for bad in (
-        [lp.AffinityRule(task="")],
-        [lp.AffinityRule(task="a*b")],
-        [lp.AffinityRule(task="x"), lp.AffinityRule(task="x")],
+        [pp.AffinityRule(task="")],
+        [pp.AffinityRule(task="a*b")],
+        [pp.AffinityRule(task="x"), pp.AffinityRule(task="x")],
     ):
         with pytest.raises(TurnError) as exc:
             p.set_affinity(bad, merge=True)
         assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(TurnError):
-        p.set_pd([lp.PdPoolConfig(pool="p", prefill_actor_ids=["a"], decode_actor_ids=["a"])], merge=False)
+        p.set_pd([pp.PdPoolConfig(pool="p", prefill_actor_ids=["a"], decode_actor_ids=["a"])], merge=False)
     with pytest.raises(TurnError):
-        p.set_pd([lp.PdPoolConfig(pool="p", kv_connector_config_json="{nope")], merge=False)
+        p.set_pd([pp.PdPoolConfig(pool="p", kv_connector_config_json="{nope")], merge=False)
 
 
 async def test_actor_that_stops_answering_is_marked_unhealthy_and_recovers(env):
     p, (a0, a1) = await env(2)
     await a0.kill()
     for _ in range(50):
-        if p.router.actors["a0"].state == lp.PROXY_ACTOR_STATE_UNHEALTHY:
+        if p.router.actors["a0"].state == pp.PROXY_ACTOR_STATE_UNHEALTHY:
             break
         await asyncio.sleep(0.05)
-    assert p.router.actors["a0"].state == lp.PROXY_ACTOR_STATE_UNHEALTHY
+    assert p.router.actors["a0"].state == pp.PROXY_ACTOR_STATE_UNHEALTHY
     assert p.status().healthy_actors == 1
     port = int(a0.address.rsplit(":", 1)[1])
     revived = await FakeActor("a0").start(port)
     try:
         for _ in range(100):
-            if p.router.actors["a0"].state == lp.PROXY_ACTOR_STATE_HEALTHY:
+            if p.router.actors["a0"].state == pp.PROXY_ACTOR_STATE_HEALTHY:
                 break
             await asyncio.sleep(0.05)
-        assert p.router.actors["a0"].state == lp.PROXY_ACTOR_STATE_HEALTHY
+        assert p.router.actors["a0"].state == pp.PROXY_ACTOR_STATE_HEALTHY
     finally:
         await revived.kill()
 
@@ -390,17 +390,17 @@ async def test_hung_actor_turns_go_elsewhere_within_the_bound(env):
     out, err = await asyncio.wait_for(run(p, turn("t", n=5)), 10)
     took = time.monotonic() - t0
     assert err is None and len(tokens(out)) == 5
-    assert out[0].route.actor_id == "a1" and out[0].route.reason == lp.ROUTE_REASON_RETRY
+    assert out[0].route.actor_id == "a1" and out[0].route.reason == pp.ROUTE_REASON_RETRY
     bound = conf.hung_after_seconds + conf.status_timeout_seconds + conf.status_interval_seconds
     assert took < bound + 1.0, took
-    assert p.router.actors["a0"].state == lp.PROXY_ACTOR_STATE_UNHEALTHY
+    assert p.router.actors["a0"].state == pp.PROXY_ACTOR_STATE_UNHEALTHY
     # It answers again: routable again.
     a0.hung.set()
     for _ in range(100):
-        if p.router.actors["a0"].state == lp.PROXY_ACTOR_STATE_HEALTHY:
+        if p.router.actors["a0"].state == pp.PROXY_ACTOR_STATE_HEALTHY:
             break
         await asyncio.sleep(0.05)
-    assert p.router.actors["a0"].state == lp.PROXY_ACTOR_STATE_HEALTHY
+    assert p.router.actors["a0"].state == pp.PROXY_ACTOR_STATE_HEALTHY
 
 
 async def test_hung_actor_mid_stream_ends_the_turn_retryable_within_the_bound(env):

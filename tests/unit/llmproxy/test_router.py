@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollart.v1 import common_pb2
-from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2 as pp
 from rollart_llmproxy.router import (
     DRAINING,
     UNHEALTHY,
@@ -49,11 +49,11 @@ def test_least_loaded_then_sticky():
     a, b = actor(r, "a"), actor(r, "b")
     a.outstanding_tokens = 500
     route = r.route(trajectory_id="t", task="")
-    assert route.actor is b and route.reason == lp.ROUTE_REASON_LEAST_LOADED
+    assert route.actor is b and route.reason == pp.ROUTE_REASON_LEAST_LOADED
     r.stick("t", "b")
     b.outstanding_tokens = 10_000  # stickiness beats load (prefix-cache locality)
     route = r.route(trajectory_id="t", task="")
-    assert route.actor is b and route.reason == lp.ROUTE_REASON_STICKY
+    assert route.actor is b and route.reason == pp.ROUTE_REASON_STICKY
     # Another trajectory goes to the less loaded actor.
     assert r.route(trajectory_id="u", task="").actor is a
 
@@ -74,7 +74,7 @@ def test_sticky_actor_unhealthy_or_excluded_is_replaced():
     assert r.route(trajectory_id="t", task="").actor is b
     a.state = DRAINING
     assert r.route(trajectory_id="t", task="").actor is b
-    a.state = lp.PROXY_ACTOR_STATE_HEALTHY
+    a.state = pp.PROXY_ACTOR_STATE_HEALTHY
     assert r.route(trajectory_id="t", task="").actor is a
     assert r.route(trajectory_id="t", task="", exclude={"a"}).actor is b
 
@@ -86,9 +86,9 @@ def test_mark_failed_drops_stickiness_and_says_retry():
     r.stick("t", "a")
     r.mark_failed("t", "a")
     route = r.route(trajectory_id="t", task="", exclude={"a"})
-    assert route.actor is b and route.reason == lp.ROUTE_REASON_RETRY
+    assert route.actor is b and route.reason == pp.ROUTE_REASON_RETRY
     r.stick("t", "b")
-    assert r.route(trajectory_id="t", task="").reason == lp.ROUTE_REASON_STICKY
+    assert r.route(trajectory_id="t", task="").reason == pp.ROUTE_REASON_STICKY
 
 
 def test_preferred_actor_when_no_sticky():
@@ -97,7 +97,7 @@ def test_preferred_actor_when_no_sticky():
     b = actor(r, "b")
     b.outstanding_tokens = 99
     route = r.route(trajectory_id="t", task="", preferred_actor_id="b")
-    assert route.actor is b and route.reason == lp.ROUTE_REASON_PREFERRED
+    assert route.actor is b and route.reason == pp.ROUTE_REASON_PREFERRED
     # An unknown or unusable preferred actor is ignored.
     b.ready = False
     assert r.route(trajectory_id="t", task="", preferred_actor_id="b").actor.actor_id == "a"
@@ -155,7 +155,7 @@ def test_fallback_to_compatible_pool_then_anywhere():
     assert r.route(trajectory_id="1", task="decode").actor is d
     d.state = UNHEALTHY
     route = r.route(trajectory_id="2", task="decode")
-    assert route.actor is c and route.reason == lp.ROUTE_REASON_FALLBACK
+    assert route.actor is c and route.reason == pp.ROUTE_REASON_FALLBACK
     c.state = UNHEALTHY
     assert r.route(trajectory_id="3", task="decode").actor is x
     # Without fallback: no route, and it is retryable (actors exist, just not usable now).
@@ -188,8 +188,8 @@ def test_sticky_outside_scope_is_left_when_the_scope_recovers():
     d.state = UNHEALTHY
     assert r.route(trajectory_id="t", task="decode").actor is c
     r.stick("t", "c")
-    assert r.route(trajectory_id="t", task="decode").reason == lp.ROUTE_REASON_STICKY  # still no h20 actor
-    d.state = lp.PROXY_ACTOR_STATE_HEALTHY
+    assert r.route(trajectory_id="t", task="decode").reason == pp.ROUTE_REASON_STICKY  # still no h20 actor
+    d.state = pp.PROXY_ACTOR_STATE_HEALTHY
     assert r.route(trajectory_id="t", task="decode").actor is d
 
 
@@ -200,9 +200,9 @@ def test_version_window_and_request_min_version():
     new.outstanding_tokens = 100
     assert r.route(trajectory_id="1", task="").actor is old
     assert r.route(trajectory_id="2", task="", min_version=4).actor is new
-    r.window = lp.VersionWindow(min_version=4)
+    r.window = pp.VersionWindow(min_version=4)
     assert r.route(trajectory_id="3", task="").actor is new
-    r.window = lp.VersionWindow(min_version=0, max_version=3)
+    r.window = pp.VersionWindow(min_version=0, max_version=3)
     assert r.route(trajectory_id="4", task="").actor is old
     with pytest.raises(NoRoute) as err:
         r.route(trajectory_id="5", task="", min_version=4)
@@ -225,17 +225,17 @@ def test_no_actor_ever_is_a_precondition_failure_and_past_window_too():
         r.route(trajectory_id="t", task="math")
     assert not err.value.retryable
     a = actor(r, "a", version=7)
-    r.window = lp.VersionWindow(min_version=1, max_version=5)
+    r.window = pp.VersionWindow(min_version=1, max_version=5)
     with pytest.raises(NoRoute) as err:
         r.route(trajectory_id="t", task="math")
     assert not err.value.retryable and "past the version window" in str(err.value)
     # Below the window (it will catch up): retryable.
-    r.window = lp.VersionWindow(min_version=9)
+    r.window = pp.VersionWindow(min_version=9)
     with pytest.raises(NoRoute) as err:
         r.route(trajectory_id="t", task="math")
     assert err.value.retryable
     # A removed actor still counts as "registered once" (its task may come back).
-    r.window = lp.VersionWindow()
+    r.window = pp.VersionWindow()
     r.remove("a")
     assert a.removed
     with pytest.raises(NoRoute) as err:
@@ -259,7 +259,7 @@ def test_pd_split_decode_side_and_prefill_choice():
     p2 = actor(r, "p2", pool="pd", pd_role=common_pb2.PD_ROLE_PREFILL)
     d1 = actor(r, "d1", pool="pd", pd_role=common_pb2.PD_ROLE_DECODE)
     p1.outstanding_tokens = p2.outstanding_tokens = -10  # prefill actors are never decode targets
-    r.pd = {"pd": lp.PdPoolConfig(pool="pd", enabled=True, min_prompt_tokens=64)}
+    r.pd = {"pd": pp.PdPoolConfig(pool="pd", enabled=True, min_prompt_tokens=64)}
     route = r.route(trajectory_id="t", task="")
     assert route.actor is d1 and route.pd is not None and route.pd.min_prompt_tokens == 64
     p1.outstanding_tokens = 50
@@ -268,7 +268,7 @@ def test_pd_split_decode_side_and_prefill_choice():
     assert r.choose_prefill("t", route.pd, 0, 0, set()) is p1
     assert r.choose_prefill("t", route.pd, 0, 0, {"p1"}) is p2
     # Explicit lists win over roles.
-    r.pd["pd"] = lp.PdPoolConfig(pool="pd", enabled=True, prefill_actor_ids=["d1"], decode_actor_ids=["p2"])
+    r.pd["pd"] = pp.PdPoolConfig(pool="pd", enabled=True, prefill_actor_ids=["d1"], decode_actor_ids=["p2"])
     route = r.route(trajectory_id="u", task="")
     assert route.actor is p2
     assert r.choose_prefill("u", route.pd, 0, 0, set()) is d1
@@ -340,14 +340,14 @@ def test_auto_falls_back_when_its_kind_is_gone_or_saturated_and_says_so():
         r.observe_turn("math", f"m{i}", usage(300, 2048))
     b.outstanding_requests = 2  # the only bandwidth actor is saturated: spill to the compute one
     route = r.route(trajectory_id="m9", task="math")
-    assert route.actor is c and route.reason == lp.ROUTE_REASON_FALLBACK
+    assert route.actor is c and route.reason == pp.ROUTE_REASON_FALLBACK
     assert r.profiles["math"].fallback_turns == 1 and r.profiles["math"].last_fallback.startswith("saturated")
     c.outstanding_requests = 5  # both saturated: stay in scope (nowhere better to go)
     assert r.route(trajectory_id="m10", task="math").actor is b
     b.outstanding_requests = 0
     b.state = UNHEALTHY  # the bandwidth pool died: its task moves to the compute pool
     route = r.route(trajectory_id="m11", task="math")
-    assert route.actor is c and route.reason == lp.ROUTE_REASON_FALLBACK
+    assert route.actor is c and route.reason == pp.ROUTE_REASON_FALLBACK
     assert r.profiles["math"].fallback_turns == 2 and r.profiles["math"].last_fallback == "no usable actor in scope"
     r.rules = {"*": Rule("*", auto=True, allow_fallback=False)}
     with pytest.raises(NoRoute):
@@ -361,7 +361,7 @@ def test_a_pool_rule_task_whose_pool_died_falls_back_and_its_profile_counts_it()
     assert "arith" not in r.profiles  # nothing left its scope yet
     b.state = UNHEALTHY  # every actor of the task's pool is gone: the compute pool takes its turns
     route = r.route(trajectory_id="a2", task="arith")
-    assert route.actor is c and route.reason == lp.ROUTE_REASON_FALLBACK
+    assert route.actor is c and route.reason == pp.ROUTE_REASON_FALLBACK
     p = r.profiles["arith"]
     assert p.fallback_turns == 1 and p.last_fallback == "no usable actor in scope" and p.profile == "unclassified"
     assert p.to_proto().fallback_turns == 1  # what GetAffinity shows
@@ -382,11 +382,11 @@ def test_kind_of_static_actors_comes_from_their_kind_tag():
 
 
 def test_check_rule_names_the_field():
-    assert check_rule(lp.AffinityRule(task="*", auto=True)) is None
-    assert "auto" in check_rule(lp.AffinityRule(task="*", auto=True, pool="h20"))
-    assert "pool_kind" in check_rule(lp.AffinityRule(task="*", pool_kind=99))
-    assert "hardware_tags[1]" in check_rule(lp.AffinityRule(task="*", hardware_tags=["ok", "a b"]))
-    assert "task" in check_rule(lp.AffinityRule(task=""))
+    assert check_rule(pp.AffinityRule(task="*", auto=True)) is None
+    assert "auto" in check_rule(pp.AffinityRule(task="*", auto=True, pool="h20"))
+    assert "pool_kind" in check_rule(pp.AffinityRule(task="*", pool_kind=99))
+    assert "hardware_tags[1]" in check_rule(pp.AffinityRule(task="*", hardware_tags=["ok", "a b"]))
+    assert "task" in check_rule(pp.AffinityRule(task=""))
 
 
 def test_profiles_are_bounded():
@@ -402,9 +402,9 @@ def test_auto_sends_a_prefill_heavy_task_through_a_compute_to_bandwidth_pd_split
     for i in range(4):
         r.observe_turn("swe", f"s{i}", usage(prompt=2000, completion=20))
     assert r.route(trajectory_id="x", task="swe").actor is c  # no PD split: the compute kind
-    r.pd = {"h20": lp.PdPoolConfig(pool="h20", enabled=True, prefill_actor_ids=["c"])}
+    r.pd = {"h20": pp.PdPoolConfig(pool="h20", enabled=True, prefill_actor_ids=["c"])}
     route = r.route(trajectory_id="y", task="swe")
     assert route.actor is b and route.pd is not None  # decoded on bandwidth, prefilled on compute
     assert r.choose_prefill("y", route.pd, 0, 0, set()) is c
-    r.pd = {"h20": lp.PdPoolConfig(pool="h20", enabled=True, prefill_actor_ids=["b"])}  # not compute-kind prefill
+    r.pd = {"h20": pp.PdPoolConfig(pool="h20", enabled=True, prefill_actor_ids=["b"])}  # not compute-kind prefill
     assert r.route(trajectory_id="z", task="swe").actor is c

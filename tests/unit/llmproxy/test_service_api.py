@@ -15,7 +15,7 @@ from grpc import aio
 from rollart.runtime.auth import bearer
 from rollart.runtime.server import serve
 from rollart.v1 import common_pb2
-from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2 as pp
 from rollart.v1 import llmproxy_pb2_grpc as lg
 from rollart_llmproxy.config import LLMProxyConfig
 from rollart_llmproxy.service import LLMProxyService
@@ -57,7 +57,7 @@ async def served(tmp_path: Path):
     stub = lg.LLMProxyStub(ch)
     # Both actors polled once: routable.
     for _ in range(100):
-        st = await stub.GetStatus(lp.ProxyStatusRequest(), metadata=MD)
+        st = await stub.GetStatus(pp.ProxyStatusRequest(), metadata=MD)
         if st.healthy_actors == 2:
             break
         await asyncio.sleep(0.05)
@@ -69,8 +69,8 @@ async def served(tmp_path: Path):
     await a1.kill()
 
 
-def req(tid: str, n: int = 4, **kw) -> lp.TrajectoryGenerateRequest:
-    return lp.TrajectoryGenerateRequest(
+def req(tid: str, n: int = 4, **kw) -> pp.TrajectoryGenerateRequest:
+    return pp.TrajectoryGenerateRequest(
         trajectory_id=tid,
         input=common_pb2.ModelInput(token_ids=[3, 4, 5]),
         sampling=common_pb2.SamplingParams(max_tokens=n),
@@ -83,7 +83,7 @@ async def test_ready_file_carries_the_openai_endpoint(served):
     stub, info, _ = served
     assert info["service"] == "llmproxy"
     assert info["openai_base_url"] == f"http://{info['http_address']}/v1"
-    st = await stub.GetStatus(lp.ProxyStatusRequest(), metadata=MD)
+    st = await stub.GetStatus(pp.ProxyStatusRequest(), metadata=MD)
     assert st.openai_base_url == info["openai_base_url"] and st.actors == 2
     assert [r.task for r in st.affinity.rules] == ["math"]
 
@@ -97,7 +97,7 @@ async def test_grpc_generate_routes_by_affinity_and_needs_the_token(served):
         [r async for r in stub.Generate(req("t2"))]
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     with pytest.raises(aio.AioRpcError) as err:
-        await stub.Suspend(lp.SuspendRequest(), metadata=(("authorization", "Bearer wrong"),))
+        await stub.Suspend(pp.SuspendRequest(), metadata=(("authorization", "Bearer wrong"),))
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
@@ -114,31 +114,31 @@ async def test_grpc_malformed_and_invalid_requests(served, tmp_path):
     finally:
         await ch.close()
     with pytest.raises(aio.AioRpcError) as err:
-        [r async for r in stub.Generate(lp.TrajectoryGenerateRequest(trajectory_id="x"), metadata=MD)]
+        [r async for r in stub.Generate(pp.TrajectoryGenerateRequest(trajectory_id="x"), metadata=MD)]
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     for call in (
-        stub.Abort(lp.ProxyAbortRequest(), metadata=MD),
-        stub.AddActor(lp.AddProxyActorRequest(actor_id="z", endpoint="nope"), metadata=MD),
-        stub.SetVersionWindow(lp.SetVersionWindowRequest(window=lp.VersionWindow(min_version=-1)), metadata=MD),
-        stub.SetAffinity(lp.SetAffinityRequest(rules=[lp.AffinityRule(task="a*b")]), metadata=MD),
+        stub.Abort(pp.ProxyAbortRequest(), metadata=MD),
+        stub.AddActor(pp.AddProxyActorRequest(actor_id="z", endpoint="nope"), metadata=MD),
+        stub.SetVersionWindow(pp.SetVersionWindowRequest(window=pp.VersionWindow(min_version=-1)), metadata=MD),
+        stub.SetAffinity(pp.SetAffinityRequest(rules=[pp.AffinityRule(task="a*b")]), metadata=MD),
     ):
         with pytest.raises(aio.AioRpcError) as err:
             await call
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     # Affinity: an auto rule that also names a place, a malformed or oversized tag; each names its field.
     for rule, field in (
-        (lp.AffinityRule(task="*", auto=True, pool="q"), "rules[0]: auto"),
-        (lp.AffinityRule(task="*", hardware_tags=["two words"]), "rules[0]: hardware_tags[0]"),
-        (lp.AffinityRule(task="*", hardware_tags=["t" * 129]), "rules[0]: hardware_tags[0]"),
-        (lp.AffinityRule(task="t" * 300), "rules[0]: task"),
+        (pp.AffinityRule(task="*", auto=True, pool="q"), "rules[0]: auto"),
+        (pp.AffinityRule(task="*", hardware_tags=["two words"]), "rules[0]: hardware_tags[0]"),
+        (pp.AffinityRule(task="*", hardware_tags=["t" * 129]), "rules[0]: hardware_tags[0]"),
+        (pp.AffinityRule(task="t" * 300), "rules[0]: task"),
     ):
         with pytest.raises(aio.AioRpcError) as err:
-            await stub.SetAffinity(lp.SetAffinityRequest(rules=[rule], merge=True), metadata=MD)
+            await stub.SetAffinity(pp.SetAffinityRequest(rules=[rule], merge=True), metadata=MD)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details()
     with pytest.raises(aio.AioRpcError) as err:  # unauthorised
-        await stub.SetAffinity(lp.SetAffinityRequest(rules=[lp.AffinityRule(task="*", auto=True)]))
+        await stub.SetAffinity(pp.SetAffinityRequest(rules=[pp.AffinityRule(task="*", auto=True)]))
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    table = await stub.GetAffinity(lp.GetAffinityRequest(), metadata=MD)
+    table = await stub.GetAffinity(pp.GetAffinityRequest(), metadata=MD)
     assert not any(r.auto for r in table.rules)  # nothing refused was stored
 
 
@@ -167,23 +167,23 @@ async def test_grpc_unavailable_carries_the_retry_metadata(served):
 
 async def test_grpc_admin_calls(served):
     stub, _, (a0, a1) = served
-    s = await stub.Suspend(lp.SuspendRequest(reason="update", step=3), metadata=MD)
+    s = await stub.Suspend(pp.SuspendRequest(reason="update", step=3), metadata=MD)
     assert s.suspended and s.reason == "update"
-    r = await stub.Resume(lp.ResumeRequest(step=3), metadata=MD)
+    r = await stub.Resume(pp.ResumeRequest(step=3), metadata=MD)
     assert not r.suspended
-    w = await stub.SetVersionWindow(lp.SetVersionWindowRequest(window=lp.VersionWindow(min_version=0)), metadata=MD)
+    w = await stub.SetVersionWindow(pp.SetVersionWindowRequest(window=pp.VersionWindow(min_version=0)), metadata=MD)
     assert w.min_version == 0
-    listed = await stub.ListActors(lp.ListProxyActorsRequest(pool="q"), metadata=MD)
+    listed = await stub.ListActors(pp.ListProxyActorsRequest(pool="q"), metadata=MD)
     assert [a.actor_id for a in listed.actors] == ["a1"] and listed.actors[0].model == "tiny-qwen3"
-    added = await stub.AddActor(lp.AddProxyActorRequest(actor_id="a0b", endpoint=a0.address, pool="p"), metadata=MD)
-    assert added.ready and added.source == lp.ACTOR_SOURCE_STATIC and added.version_known
-    await stub.RemoveActor(lp.RemoveProxyActorRequest(actor_id="a0b"), metadata=MD)
-    await stub.RemoveActor(lp.RemoveProxyActorRequest(actor_id="a0b"), metadata=MD)  # idempotent
-    pd = await stub.SetPdConfig(lp.SetPdConfigRequest(pools=[lp.PdPoolConfig(pool="p", enabled=False)]), metadata=MD)
+    added = await stub.AddActor(pp.AddProxyActorRequest(actor_id="a0b", endpoint=a0.address, pool="p"), metadata=MD)
+    assert added.ready and added.source == pp.ACTOR_SOURCE_STATIC and added.version_known
+    await stub.RemoveActor(pp.RemoveProxyActorRequest(actor_id="a0b"), metadata=MD)
+    await stub.RemoveActor(pp.RemoveProxyActorRequest(actor_id="a0b"), metadata=MD)  # idempotent
+    pd = await stub.SetPdConfig(pp.SetPdConfigRequest(pools=[pp.PdPoolConfig(pool="p", enabled=False)]), metadata=MD)
     assert pd.pools[0].pool == "p"
-    assert (await stub.GetPdConfig(lp.GetPdConfigRequest(), metadata=MD)) == pd
+    assert (await stub.GetPdConfig(pp.GetPdConfigRequest(), metadata=MD)) == pd
     tok = await stub.Tokenize(
-        lp.ProxyTokenizeRequest(request=common_pb2.TokenizeRequest(input=common_pb2.ModelInput(text="abc"))),
+        pp.ProxyTokenizeRequest(request=common_pb2.TokenizeRequest(input=common_pb2.ModelInput(text="abc"))),
         metadata=MD,
     )
     assert list(tok.token_ids) == [ord(c) for c in "abc"]

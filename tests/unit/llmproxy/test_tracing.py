@@ -16,7 +16,7 @@ import pytest
 from grpc import aio
 
 from rollart.v1 import common_pb2
-from rollart.v1 import llmproxy_pb2 as lp
+from rollart.v1 import llmproxy_pb2 as pp
 from rollart.v1 import llmproxy_pb2_grpc as lg
 
 from .fake_actor import FakeActor
@@ -103,7 +103,7 @@ async def test_the_span_less_path_refuses_bad_input_and_survives_kills(services)
         with pytest.raises(aio.AioRpcError) as err:
             [r async for r in raw(b"\xff\xff\xff garbage", metadata=traced, timeout=10)]
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in err.value.details()
-        big = lp.TrajectoryGenerateRequest(
+        big = pp.TrajectoryGenerateRequest(
             trajectory_id="big",
             input=common_pb2.ModelInput(text="x" * (17 << 20)),
             sampling=common_pb2.SamplingParams(max_tokens=2),
@@ -135,7 +135,7 @@ async def test_the_span_less_path_refuses_bad_input_and_survives_kills(services)
         # The proxy SIGKILLed mid-stream: the caller's stream fails UNAVAILABLE and the actor's call is cancelled.
         actor = await FakeActor("a0", delay=0.05).start(port=int(actor.address.rpartition(":")[2]))
         for _ in range(100):  # the proxy's status poll finds the actor back
-            st = await stub.GetStatus(lp.ProxyStatusRequest(), metadata=MD)
+            st = await stub.GetStatus(pp.ProxyStatusRequest(), metadata=MD)
             if st.healthy_actors == 1:
                 break
             await asyncio.sleep(0.1)
