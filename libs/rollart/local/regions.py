@@ -236,7 +236,7 @@ class RegionPlan:
             if len(actor_regions) == 1:
                 env["ROLLART_DATA_ADVERTISE"] = self.routes[(actor_regions.pop(), eps["data"])]
             # Each relay's data endpoint as the trainer must dial it (rewrite() turns both sides into the trainer
-            # region's forwarders); read once the trainer takes relay_data_endpoints (docs/regions.md).
+            # region's forwarders): the trainer's relay_data_endpoints setting.
             relays = {e["address"]: e["data"] for n, e in self.endpoints.items() if n.startswith("relay")}
             if relays:
                 env["ROLLART_RELAY_DATA_ENDPOINTS"] = json.dumps(relays)

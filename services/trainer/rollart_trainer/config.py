@@ -35,6 +35,9 @@ class TrainerConfig(WeightPlaneConfig):
     ledger: str | None = None
     llmproxy: str | None = None
     relays: list[str] = []
+    # Relay gRPC endpoint -> the data endpoint to push deltas to, where the one a relay announces is not the way
+    # to reach it (a region's link forwarder, docs/regions.md); a relay not named here is asked (GetStatus).
+    relay_data_endpoints: dict[str, str] = {}
     mooncake_master: str | None = None
     # Bounds of the protocol's waits (a job spec's batch_timeout overrides get_batch's).
     batch_timeout_seconds: float = Field(600.0, gt=0)

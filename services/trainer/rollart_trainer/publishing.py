@@ -78,6 +78,7 @@ class Publication:
             key=cfg.key() or b"",
             token=cfg.token(),
             relays=relays,
+            relay_data_endpoints=cfg.relay_data_endpoints or None,
             streams=pub.streams or 4,
             checkpoint_store=pub.checkpoint_store or None,
             checkpoint_every=every,
