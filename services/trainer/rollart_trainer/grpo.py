@@ -1,38 +1,12 @@
-"""GRPO on PyTorch: advantages, packing, the clipped token-level loss, and the training backends' interface.
+"""GRPO on PyTorch: advantages, the clipped token-level loss, step statistics and the training backends.
 
-One step over a batch of scored trajectories (``TrainBatch``):
-
-1. **Advantages**, per GRPO group (all samples of one group id): ``A = (r - mean) / (std + eps)`` with the
-   group's sample standard deviation (Bessel-corrected), or ``A = r - mean`` when std normalisation is
-   off. A group whose rewards are all equal (std 0, a single-sample group included) gets ``A = 0``
-   exactly: it carries no preference, and dividing its rounding noise by ``eps`` would invent one. Its
-   agent tokens still count in the loss's token denominator, as if they had been trained on with a zero
-   advantage (which is what they contribute), so skipping their forward pass when there is no KL term
-   changes nothing but the compute spent.
-2. **Packing**: a trajectory is one token stream, the prompt then, turn by turn, the observation tokens
-   (environment) and the action tokens (agent). Streams are truncated to ``max_seq_len``, split into
-   micro-batches (``micro_batch_size`` samples each, longest first) and packed first-fit-decreasing into
-   rows; position ids restart at 0 for every stream, which makes transformers build a block-diagonal
-   causal mask (and makes flash-attention kernels use variable-length attention), so streams in one row
-   never see each other. Only the positions that predict an agent token are projected through
-   ``lm_head``: environment tokens and padding never reach the loss.
-3. **Loss**, per agent token ``t`` with behaviour logprob ``b_t`` (recorded by the actor) and current
-   logprob ``l_t``: ratio ``ρ = exp(l_t − b_t)``, ``pg = −min(ρ·A, clip(ρ, 1−ε_low, 1+ε_high)·A)``, plus
-   ``kl_coef · k3`` with ``k3 = exp(ref − l) − (ref − l) − 1`` against a frozen reference (the initial
-   policy) when ``kl_coef > 0``. The step's loss is the sum over every agent token of the batch divided by
-   their count (token-level mean over the whole batch), so gradient accumulation over micro-batches gives
-   exactly the full-batch gradient.
-4. **Update**: gradients accumulated over the micro-batches, global-norm clipping, AdamW (weight decay on
-   matrices only), ``epochs_per_batch`` optimizer steps per batch (one full pass each).
-
-Every choice beyond this (loss aggregation, GSPO, entropy bonus, off-policy correction, RLOO, the overlong
-penalty, dynamic sampling) is a field of :class:`~rollart_trainer.objective.ObjectiveSettings`
-(``GrpoSettings.objective``; docs/objective.md) whose default is the loss above, computed by the same
-floating-point operations.
-
-The backends (``TorchBackend`` here, ``FSDP2Backend`` in :mod:`rollart_trainer.fsdp`) share this code;
-they differ in how parameters live (one device vs sharded DTensors) and in how work is split over ranks.
-:func:`rollart_trainer.backends.make_backend` picks one by name.
+Invariants: a group whose rewards are all equal gets advantage 0 exactly (its tokens still count in the
+token denominator); with the default objective the step's loss is the mean over every agent token of the batch,
+so gradient accumulation over micro-batches gives exactly the full-batch gradient; every other choice is a field
+of :class:`~rollart_trainer.objective.ObjectiveSettings` whose default computes this loss by the same
+floating-point operations. The formulas: docs/objective.md; batches and packing: :mod:`rollart_trainer.batches`;
+the backends (``TorchBackend`` here, ``FSDP2Backend`` in :mod:`rollart_trainer.fsdp`) are picked by
+:func:`rollart_trainer.backends.make_backend`.
 """
 
 from __future__ import annotations
@@ -42,8 +16,8 @@ import logging
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -53,8 +27,20 @@ from torch import nn
 from rollart.delta import WeightSet
 
 from . import objective as obj
+from .batches import (  # noqa: F401 - re-exported: callers import them from grpo
+    MicroBatch,
+    Sample,
+    TokenStream,
+    TrainBatch,
+    TurnTokens,
+    build_micro_batch,
+    flatten_sample,
+    pack_first_fit,
+    plan_micro_batches,
+)
 from .objective import ObjectiveSettings
 from .policy import BF16, Policy
+from .train_stats import StepStats
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -180,110 +166,6 @@ def objective_from_proto(grpo: Any) -> ObjectiveSettings:
 
 
 # ====================================================================================================
-# Batches
-# ====================================================================================================
-
-
-@dataclass
-class TurnTokens:
-    """One turn: the environment's observation tokens, then the agent's action tokens."""
-
-    observation_ids: Sequence[int]
-    action_ids: Sequence[int]
-    action_logprobs: Sequence[float]  # behaviour logprob of every action token
-    action_versions: Sequence[int] = ()  # policy version of every action token (empty: unknown)
-
-
-@dataclass
-class Sample:
-    """One scored trajectory as the trainer sees it."""
-
-    prompt_ids: Sequence[int]
-    turns: Sequence[TurnTokens]
-    reward: float
-    group_id: str
-    sample_id: str = ""
-
-    @classmethod
-    def from_proto(cls, traj: Any) -> Sample:
-        """From ``rollart.v1.Trajectory`` (must be scored)."""
-        if not traj.scored:
-            raise ValueError(f"trajectory {traj.trajectory_id!r} is not scored")
-        turns = [
-            TurnTokens(t.observation_token_ids, t.action_token_ids, t.action_logprobs, t.action_versions)
-            for t in traj.turns
-        ]
-        return cls(traj.prompt_token_ids, turns, float(traj.reward), traj.group_id, traj.trajectory_id)
-
-
-@dataclass
-class TrainBatch:
-    """A batch of complete GRPO groups (what the ledger's ``GetBatch`` returns)."""
-
-    samples: list[Sample]
-    batch_id: str = ""
-    policy_version: int | None = None  # the version the policy is at (for staleness metrics)
-
-    @classmethod
-    def from_trajectories(
-        cls, trajectories: Iterable[Any], batch_id: str = "", policy_version: int | None = None
-    ) -> TrainBatch:
-        return cls([Sample.from_proto(t) for t in trajectories], batch_id, policy_version)
-
-
-@dataclass
-class TokenStream:
-    """A sample flattened: token ids and, per token, whether the agent produced it."""
-
-    ids: np.ndarray  # int64 [n]
-    action: np.ndarray  # bool [n]
-    behaviour_logp: np.ndarray  # float32 [n] (0 on environment tokens)
-    versions: np.ndarray  # int64 [n] (-1 on environment tokens and where unknown)
-
-    def __len__(self) -> int:
-        return int(self.ids.size)
-
-    @property
-    def loss_positions(self) -> np.ndarray:
-        """Positions of agent tokens that have a predecessor (a stream's first token is never predicted)."""
-        pos = np.flatnonzero(self.action)
-        return pos[pos >= 1]
-
-
-def flatten_sample(sample: Sample, max_len: int = 0) -> TokenStream:
-    """prompt, then per turn observation then action tokens; truncated to ``max_len`` (0: no limit)."""
-    ids: list[np.ndarray] = [np.asarray(sample.prompt_ids, dtype=np.int64)]
-    action: list[np.ndarray] = [np.zeros(len(ids[0]), dtype=bool)]
-    blp: list[np.ndarray] = [np.zeros(len(ids[0]), dtype=np.float32)]
-    ver: list[np.ndarray] = [np.full(len(ids[0]), -1, dtype=np.int64)]
-    for k, turn in enumerate(sample.turns):
-        obs = np.asarray(turn.observation_ids, dtype=np.int64)
-        act = np.asarray(turn.action_ids, dtype=np.int64)
-        lp = np.asarray(turn.action_logprobs, dtype=np.float32)
-        if lp.size != act.size:
-            raise ValueError(
-                f"sample {sample.sample_id!r} turn {k}: {lp.size} behaviour logprobs for {act.size} action tokens"
-            )
-        if not np.all(np.isfinite(lp)):
-            raise ValueError(f"sample {sample.sample_id!r} turn {k}: non-finite behaviour logprob")
-        vs = np.asarray(turn.action_versions, dtype=np.int64)
-        if vs.size == 0:
-            vs = np.full(act.size, -1, dtype=np.int64)
-        elif vs.size != act.size:
-            raise ValueError(f"sample {sample.sample_id!r} turn {k}: {vs.size} versions for {act.size} action tokens")
-        ids += [obs, act]
-        action += [np.zeros(obs.size, dtype=bool), np.ones(act.size, dtype=bool)]
-        blp += [np.zeros(obs.size, dtype=np.float32), lp]
-        ver += [np.full(obs.size, -1, dtype=np.int64), vs]
-    stream = TokenStream(np.concatenate(ids), np.concatenate(action), np.concatenate(blp), np.concatenate(ver))
-    if max_len and len(stream) > max_len:
-        stream = TokenStream(
-            stream.ids[:max_len], stream.action[:max_len], stream.behaviour_logp[:max_len], stream.versions[:max_len]
-        )
-    return stream
-
-
-# ====================================================================================================
 # Advantages
 # ====================================================================================================
 
@@ -387,123 +269,6 @@ def grpo_token_loss(
 
 
 # ====================================================================================================
-# Packing
-# ====================================================================================================
-
-
-@dataclass
-class MicroBatch:
-    """Packed rows and the agent tokens to score in them."""
-
-    input_ids: torch.Tensor  # int64 [R, L]
-    position_ids: torch.Tensor  # int64 [R, L]; restarts at 0 for every stream and for the padding
-    pred_rows: torch.Tensor  # int64 [N]: row of the position whose output predicts the token
-    pred_cols: torch.Tensor  # int64 [N]: column of that position (the token's column - 1)
-    targets: torch.Tensor  # int64 [N]: the agent token
-    behaviour_logp: torch.Tensor  # float32 [N]
-    advantages: torch.Tensor  # float32 [N]
-    versions: torch.Tensor  # int64 [N] (-1: unknown)
-    sample_index: torch.Tensor  # int64 [N]: index of the token's sample in the batch
-    samples: list[int] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.targets.numel())
-
-    @property
-    def num_positions(self) -> int:
-        return int(self.input_ids.numel())
-
-    def to(self, device: torch.device) -> MicroBatch:
-        if device.type == "cpu":
-            return self
-        moved = {k: v.to(device, non_blocking=True) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
-        return MicroBatch(**moved, samples=self.samples)
-
-
-def pack_first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
-    """Indices into rows of at most ``capacity`` tokens, first-fit decreasing (longest streams first)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    rows: list[list[int]] = []
-    free: list[int] = []
-    for i in order:
-        n = lengths[i]
-        for r, room in enumerate(free):
-            if n <= room:
-                rows[r].append(i)
-                free[r] -= n
-                break
-        else:
-            rows.append([i])
-            free.append(capacity - n)
-    return rows
-
-
-def build_micro_batch(
-    streams: Sequence[TokenStream], indices: Sequence[int], advantages: np.ndarray, row_tokens: int, pad_id: int
-) -> MicroBatch:
-    """Pack the streams ``indices`` into rows (capacity: ``row_tokens`` or the longest stream)."""
-    lengths = [len(streams[i]) for i in indices]
-    capacity = max(row_tokens, max(lengths))
-    rows = pack_first_fit(lengths, capacity)
-    width = max(sum(lengths[j] for j in row) for row in rows)
-    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    pos = np.empty((len(rows), width), dtype=np.int64)
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("r", "c", "t", "b", "a", "v", "s")}
-    for r, row in enumerate(rows):
-        off = 0
-        for j in row:
-            i = indices[j]
-            s = streams[i]
-            n = len(s)
-            ids[r, off : off + n] = s.ids
-            pos[r, off : off + n] = np.arange(n)
-            lp = s.loss_positions
-            parts["r"].append(np.full(lp.size, r, dtype=np.int64))
-            parts["c"].append(off + lp - 1)
-            parts["t"].append(s.ids[lp])
-            parts["b"].append(s.behaviour_logp[lp])
-            parts["a"].append(np.full(lp.size, advantages[i], dtype=np.float32))
-            parts["v"].append(s.versions[lp])
-            parts["s"].append(np.full(lp.size, i, dtype=np.int64))
-            off += n
-        pos[r, off:] = np.arange(width - off)  # padding is a stream of its own: nobody attends to it
-
-    def cat(k: str, dtype: Any) -> torch.Tensor:
-        return torch.from_numpy(np.concatenate(parts[k]).astype(dtype, copy=False))
-
-    return MicroBatch(
-        torch.from_numpy(ids),
-        torch.from_numpy(pos),
-        cat("r", np.int64),
-        cat("c", np.int64),
-        cat("t", np.int64),
-        cat("b", np.float32),
-        cat("a", np.float32),
-        cat("v", np.int64),
-        cat("s", np.int64),
-        samples=list(indices),
-    )
-
-
-def plan_micro_batches(
-    streams: Sequence[TokenStream],
-    advantages: np.ndarray,
-    include: Sequence[int],
-    micro_batch_size: int,
-    row_tokens: int = 0,
-    pad_id: int = 0,
-) -> list[MicroBatch]:
-    """Micro-batches of ``micro_batch_size`` samples (0: one), longest first so their lengths are alike."""
-    order = sorted(include, key=lambda i: -len(streams[i]))
-    size = micro_batch_size or max(1, len(order))
-    return [
-        build_micro_batch(streams, order[k : k + size], advantages, row_tokens, pad_id)
-        for k in range(0, len(order), size)
-    ]
-
-
-# ====================================================================================================
 # The network wrapper
 # ====================================================================================================
 
@@ -548,104 +313,6 @@ class TokenLogprobs(nn.Module):
                 probs = torch.softmax(logits, dim=-1)
                 entropy = logz - (probs * logits).sum(-1)
         return logp, entropy
-
-
-# ====================================================================================================
-# Metrics
-# ====================================================================================================
-
-
-@dataclass
-class StepStats:
-    """What one ``train_step`` did. Token statistics are over the agent tokens trained on."""
-
-    loss: float = 0.0  # pg_loss + kl_coef * kl (mean over epochs)
-    pg_loss: float = 0.0  # token-mean over every agent token of the batch
-    kl: float = 0.0  # token-mean k3 to the reference (0 without one)
-    entropy: float = 0.0
-    clip_fraction: float = 0.0  # tokens whose clipped term was chosen (no gradient through ρ)
-    ratio_mean: float = 1.0
-    ratio_min: float = 1.0
-    ratio_max: float = 1.0
-    behaviour_kl: float = 0.0  # k3(behaviour ‖ current) in the first epoch: actor/trainer mismatch
-    # Off-policy figures of the first epoch (docs/objective.md): the mismatch k3 (= behaviour_kl), the
-    # weight proximal / behaviour at the correction's level (without a correction: the trainer's
-    # pre-update logprob over the behaviour one), the share of forwarded tokens whose weight was truncated
-    # (tis) or that were dropped (mis, decoupled).
-    mismatch_kl: float = 0.0
-    is_ratio_mean: float = 1.0
-    is_ratio_min: float = 1.0
-    is_ratio_max: float = 1.0
-    is_truncated_fraction: float = 0.0
-    is_masked_fraction: float = 0.0
-    overlong_penalty_mean: float = 0.0  # mean reward penalty of the overlong shaping (0 when off)
-    grad_norm: float = 0.0  # before clipping (last epoch)
-    learning_rate: float = 0.0
-    tokens_trained: int = 0  # agent tokens that were forwarded (per epoch)
-    loss_tokens: int = 0  # agent tokens of the batch (the loss's denominator)
-    positions: int = 0  # token positions forwarded per epoch (all streams, padding included)
-    samples: int = 0
-    groups: int = 0
-    zero_advantage_groups: int = 0
-    reward_mean: float = 0.0
-    reward_std: float = 0.0
-    reward_min: float = 0.0
-    reward_max: float = 0.0
-    advantage_abs_mean: float = 0.0
-    response_length_mean: float = 0.0  # agent tokens per sample
-    staleness_mean: float = 0.0
-    staleness_max: int = 0
-    micro_batches: int = 0  # on this rank
-    optimizer_steps: int = 0  # done in this train_step
-    skipped_steps: int = 0  # epochs whose gradient was not finite (no update)
-    train_seconds: float = 0.0
-    tokens_per_second: float = 0.0  # positions forwarded and backpropagated per second
-
-    # What the step driver copies into StepMetrics.extra beside its own fields (docs/objective.md).
-    OBJECTIVE_METRICS = (
-        "mismatch_kl",
-        "is_ratio_mean",
-        "is_ratio_min",
-        "is_ratio_max",
-        "is_truncated_fraction",
-        "is_masked_fraction",
-        "ratio_min",
-        "ratio_max",
-        "overlong_penalty_mean",
-    )
-
-    def to_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-    _PROTO_FIELDS = (
-        "loss",
-        "pg_loss",
-        "kl",
-        "entropy",
-        "clip_fraction",
-        "grad_norm",
-        "learning_rate",
-        "tokens_trained",
-        "response_length_mean",
-        "staleness_mean",
-        "staleness_max",
-        "samples",
-        "groups",
-        "reward_mean",
-        "reward_std",
-        "reward_min",
-        "reward_max",
-    )
-
-    def fill_step_metrics(self, msg: Any) -> Any:
-        """Copy into a ``rollart.v1.StepMetrics`` (fields it has; everything else goes to ``extra``)."""
-        for name, value in self.to_dict().items():
-            if name in self._PROTO_FIELDS:
-                setattr(msg, name, value)
-            else:
-                msg.extra[name] = float(value)
-        msg.train_time.FromNanoseconds(int(self.train_seconds * 1e9))
-        return msg
 
 
 # ====================================================================================================
