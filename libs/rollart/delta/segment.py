@@ -374,26 +374,12 @@ def parse(raw: bytes | bytearray | memoryview, key: bytes | None) -> Segment:
         raise FormatError(f"segment {seq} ({name}): element count {numel} does not match shape {shape}")
     if not 0 <= part < parts:
         raise FormatError(f"segment {seq} ({name}): part {part} of {parts}")
-    if not 1 <= entries <= numel:
-        raise FormatError(f"segment {seq} ({name}): {entries} entries for {numel} elements")
-    if layout not in (LAYOUT_SPARSE, LAYOUT_DENSE) or reserved != 0:
-        raise FormatError(f"segment {seq} ({name}): unknown layout {layout} or reserved byte {reserved}")
-    if index_coding not in (CODING_RAW, CODING_ZSTD) or value_coding not in (CODING_RAW, CODING_ZSTD):
-        raise FormatError(f"segment {seq} ({name}): unknown stream coding {index_coding}/{value_coding}")
-    raw_values = entries * dtype.itemsize
-    if value_coding == CODING_RAW and value_bytes != raw_values:
-        raise FormatError(f"segment {seq} ({name}): value stream of {value_bytes} bytes for {entries} entries")
-    if value_coding == CODING_ZSTD and not 1 <= value_bytes < raw_values:
-        raise FormatError(f"segment {seq} ({name}): compressed value stream of {value_bytes} bytes is not smaller")
-    if layout == LAYOUT_DENSE:
-        if index_coding != CODING_RAW or index_bytes != 0 or start + entries > numel:
-            raise FormatError(f"segment {seq} ({name}): dense range {start}+{entries} of {numel} or index stream")
-    else:
-        if start != 0:
-            raise FormatError(f"segment {seq} ({name}): sparse segment with start {start}")
-        lo, hi = (entries, entries * 10) if index_coding == CODING_RAW else (1, entries * 10 - 1)
-        if not lo <= index_bytes <= hi:
-            raise FormatError(f"segment {seq} ({name}): index stream of {index_bytes} bytes for {entries} entries")
+    if reserved != 0:
+        raise FormatError(f"segment {seq} ({name}): reserved byte {reserved}")
+    rc.check_streams(
+        f"segment {seq} ({name})", layout, index_coding, value_coding, entries, numel, start,
+        index_bytes, value_bytes, dtype.itemsize,
+    )  # fmt: skip
     if pos + index_bytes + value_bytes != end:
         raise FormatError(f"segment {seq} ({name}): stream lengths do not add up to the segment length")
     return Segment(
