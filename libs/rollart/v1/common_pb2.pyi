@@ -251,20 +251,22 @@ class GenerationFate(_message.Message):
     def __init__(self, samples: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class GenerationAccounting(_message.Message):
-    __slots__ = ("trained", "evicted", "cancelled", "rejected", "failed", "wasted_token_fraction")
+    __slots__ = ("trained", "evicted", "cancelled", "rejected", "failed", "wasted_token_fraction", "filtered")
     TRAINED_FIELD_NUMBER: _ClassVar[int]
     EVICTED_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     WASTED_TOKEN_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_FIELD_NUMBER: _ClassVar[int]
     trained: GenerationFate
     evicted: GenerationFate
     cancelled: GenerationFate
     rejected: GenerationFate
     failed: GenerationFate
     wasted_token_fraction: float
-    def __init__(self, trained: _Optional[_Union[GenerationFate, _Mapping]] = ..., evicted: _Optional[_Union[GenerationFate, _Mapping]] = ..., cancelled: _Optional[_Union[GenerationFate, _Mapping]] = ..., rejected: _Optional[_Union[GenerationFate, _Mapping]] = ..., failed: _Optional[_Union[GenerationFate, _Mapping]] = ..., wasted_token_fraction: _Optional[float] = ...) -> None: ...
+    filtered: GenerationFate
+    def __init__(self, trained: _Optional[_Union[GenerationFate, _Mapping]] = ..., evicted: _Optional[_Union[GenerationFate, _Mapping]] = ..., cancelled: _Optional[_Union[GenerationFate, _Mapping]] = ..., rejected: _Optional[_Union[GenerationFate, _Mapping]] = ..., failed: _Optional[_Union[GenerationFate, _Mapping]] = ..., wasted_token_fraction: _Optional[float] = ..., filtered: _Optional[_Union[GenerationFate, _Mapping]] = ...) -> None: ...
 
 class DeltaSegment(_message.Message):
     __slots__ = ("job_id", "version", "base_version", "sequence", "trailer", "data")

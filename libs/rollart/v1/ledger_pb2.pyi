@@ -833,18 +833,22 @@ class RecordRewardResponse(_message.Message):
     def __init__(self, recorded: _Optional[bool] = ..., reward: _Optional[float] = ..., unknown_trajectory: _Optional[bool] = ..., group_ready: _Optional[bool] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
-    __slots__ = ("step", "batch_size", "current_version", "wait", "allow_partial")
+    __slots__ = ("step", "batch_size", "current_version", "wait", "allow_partial", "drop_zero_variance", "max_groups")
     STEP_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
     ALLOW_PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    DROP_ZERO_VARIANCE_FIELD_NUMBER: _ClassVar[int]
+    MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
     step: int
     batch_size: int
     current_version: int
     wait: _duration_pb2.Duration
     allow_partial: bool
-    def __init__(self, step: _Optional[int] = ..., batch_size: _Optional[int] = ..., current_version: _Optional[int] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., allow_partial: _Optional[bool] = ...) -> None: ...
+    drop_zero_variance: bool
+    max_groups: int
+    def __init__(self, step: _Optional[int] = ..., batch_size: _Optional[int] = ..., current_version: _Optional[int] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., allow_partial: _Optional[bool] = ..., drop_zero_variance: _Optional[bool] = ..., max_groups: _Optional[int] = ...) -> None: ...
 
 class SampleGroup(_message.Message):
     __slots__ = ("group_id", "prompt_id", "trajectories")
@@ -857,7 +861,7 @@ class SampleGroup(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[_common_pb2.Trajectory, _Mapping]]] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("batch_id", "step", "groups", "samples", "min_version", "max_version", "evicted", "waited", "partial", "evicted_tokens", "accounting")
+    __slots__ = ("batch_id", "step", "groups", "samples", "min_version", "max_version", "evicted", "waited", "partial", "evicted_tokens", "accounting", "filtered_groups", "filtered_samples", "filtered_tokens")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
@@ -869,6 +873,9 @@ class Batch(_message.Message):
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
     EVICTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCOUNTING_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     batch_id: str
     step: int
     groups: _containers.RepeatedCompositeFieldContainer[SampleGroup]
@@ -880,7 +887,10 @@ class Batch(_message.Message):
     partial: bool
     evicted_tokens: int
     accounting: _common_pb2.GenerationAccounting
-    def __init__(self, batch_id: _Optional[str] = ..., step: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[SampleGroup, _Mapping]]] = ..., samples: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., evicted: _Optional[int] = ..., waited: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., partial: _Optional[bool] = ..., evicted_tokens: _Optional[int] = ..., accounting: _Optional[_Union[_common_pb2.GenerationAccounting, _Mapping]] = ...) -> None: ...
+    filtered_groups: int
+    filtered_samples: int
+    filtered_tokens: int
+    def __init__(self, batch_id: _Optional[str] = ..., step: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[SampleGroup, _Mapping]]] = ..., samples: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., evicted: _Optional[int] = ..., waited: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., partial: _Optional[bool] = ..., evicted_tokens: _Optional[int] = ..., accounting: _Optional[_Union[_common_pb2.GenerationAccounting, _Mapping]] = ..., filtered_groups: _Optional[int] = ..., filtered_samples: _Optional[int] = ..., filtered_tokens: _Optional[int] = ...) -> None: ...
 
 class AckBatchRequest(_message.Message):
     __slots__ = ("step", "batch_id")
