@@ -543,7 +543,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     ``job.options.grpo.temperature``); ``tasks.<name or index>.<field>`` sets a field of one task of a
     multi-task job (``tasks.arith.share=3``, ``tasks.0.loops=4``, ``tasks.arith.affinity.allow_fallback=true``;
     below ``environment``, ``prompts``, ``reward`` and ``affinity`` the proto's fields); ``loops`` and the
-    free-form ``model``, ``cluster`` and ``run`` sections take any key below them. The result is checked like a
+    free-form ``model``, ``cluster``, ``run`` and ``tracking`` sections take any key below them
+    (``tracking=false``: the whole section, every tracking backend off). The result is checked like a
     job file, so a bad value is a ``SpecError`` here, naming the path.
     """
     for item in overrides:
@@ -554,7 +555,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         parts = key.split(".")
         if parts[0] not in SECTIONS:
             raise SpecError(f"--set {key}: unknown section {parts[0]!r} ({', '.join(SECTIONS)})")
-        if (parts[0] == "loops") != (len(parts) == 1) or any(not p for p in parts):
+        whole = parts[0] in ("loops", "tracking")  # sections set whole: loops=16, tracking=false
+        if (parts[0] == "loops" and len(parts) > 1) or (len(parts) == 1 and not whole) or any(not p for p in parts):
             raise SpecError(f"--set {key}: not a field path")
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
@@ -579,6 +581,10 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             environment_spec(data.get("environment") or {})
             if any(o.partition("=")[0].strip().startswith("tasks.") for o in overrides):
                 job_tasks(data)  # a task's value checked as the job file's would be (tasks[i].<field>)
+            if any(o.partition("=")[0].strip().split(".")[0] == "tracking" for o in overrides):
+                from .tracking_settings import settings as tracking_settings  # (it imports this module)
+
+                tracking_settings(data)  # tracking=maybe or tracking.samples.every=-1 refused here, named
         except SpecError as exc:
             raise SpecError(f"--set: {exc}") from None
         if not isinstance(data.get("loops", 1), int):

@@ -92,9 +92,7 @@ class Tracker:
         resume state; W&B and MLflow keep their earlier runs beside the new one). Returns the started names."""
         self.out.mkdir(parents=True, exist_ok=True)
         if self.fresh:
-            shutil.rmtree(self.out / "tb", ignore_errors=True)
-            for name in (STATE_FILE, SAMPLES_FILE):
-                (self.out / name).unlink(missing_ok=True)
+            self.clear()
         elif self.state_path.is_file():
             try:
                 self.state = json.loads(self.state_path.read_text())
@@ -113,6 +111,14 @@ class Tracker:
         if self.backends:
             self.say(f"tracking         {', '.join(self._describe(b) for b in self.backends)}")
         return [b.name for b in self.backends]
+
+    def clear(self) -> None:
+        """A fresh run's start: the previous run's TensorBoard folder, samples and resume state go (only on a
+        fresh run: a resumed run with tracking off keeps them for the next resume with it on)."""
+        if self.fresh:
+            shutil.rmtree(self.out / "tb", ignore_errors=True)
+            for name in (STATE_FILE, SAMPLES_FILE):
+                (self.out / name).unlink(missing_ok=True)
 
     def _describe(self, b: Backend) -> str:
         if isinstance(b, TensorBoardBackend):
@@ -225,7 +231,12 @@ class RunTracking:
                 self.say(f"prometheus       {prom['url']} (targets {monitoring.folder(state_dir) / 'targets.json'})")
         except Exception as exc:
             self.say(f"prometheus       did not start ({_line(exc)}); going on without it")
-        self.tracker = Tracker(self.s, self.out, self.job_id, self.data, fresh=self.fresh, log=self.say)
+        tracker = Tracker(self.s, self.out, self.job_id, self.data, fresh=self.fresh, log=self.say)
+        if not self.s.enabled:  # tracking: false: nothing started or written (a fresh run still clears the old)
+            tracker.clear()
+            self.say("tracking         off (tracking: false)")
+            return
+        self.tracker = tracker
         self.tracker.start()
 
     async def on_event(self, ev: Any) -> None:

@@ -40,6 +40,7 @@ class MlflowSettings:
 
 @dataclass
 class TrackingSettings:
+    enabled: bool = True  # tracking: false: no backend, no samples, no tracking.json
     tensorboard: bool = True
     wandb: WandbSettings | None = None
     mlflow: MlflowSettings | None = None
@@ -92,7 +93,7 @@ def settings(data: Mapping[str, Any]) -> TrackingSettings:
         return TrackingSettings()
     section = _mapping(raw, "tracking", KEYS)
     if section is None:  # tracking: false
-        return TrackingSettings(tensorboard=False, samples_every=0)
+        return TrackingSettings(enabled=False, tensorboard=False, samples_every=0)
     out = TrackingSettings()
     tb = section.get("tensorboard", True)
     if not isinstance(tb, bool):

@@ -190,3 +190,70 @@ def test_run_tracking_reads_whole_validation_lines_and_never_raises(tmp_path: Pa
     assert any("step_finished event not tracked" in line for line in lines)
     rt.close(ok=True)
     rt.stop()
+
+
+@pytest.mark.parametrize("value", ["false", "off", "{enabled: false}"])
+def test_set_tracking_false_turns_every_backend_off(value: str):
+    data = apply_overrides({"job": {}, "tracking": {"wandb": True, "mlflow": True}}, [f"tracking={value}"])
+    s = settings(data)
+    assert not s.enabled and not s.tensorboard and s.wandb is None and s.mlflow is None
+    assert s.samples_every == 0 and not s.prometheus
+    assert settings(apply_overrides({"job": {}}, ["tracking=true"])).enabled  # and back on, with the defaults
+
+
+def test_a_job_file_with_tracking_false_turns_every_backend_off(tmp_path: Path):
+    from rollart.job.spec import load_job_file
+
+    (tmp_path / "job.yaml").write_text("job: {job_id: j}\ntracking: false\n")
+    assert not settings(load_job_file(tmp_path / "job.yaml")).enabled
+
+
+@pytest.mark.parametrize(
+    "override, names",
+    [
+        ("tracking=maybe", "tracking:"),
+        ("tracking=3", "tracking:"),
+        ("tracking=", "tracking:"),
+        ("tracking=[tensorboard]", "tracking:"),
+        ("tracking.samples.every=-1", "tracking.samples.every:"),
+        ("tracking.wandb.mode=cloud", "tracking.wandb.mode:"),
+        ("tracking.tensorbord=false", "tracking.tensorbord:"),
+    ],
+)
+def test_a_malformed_tracking_override_is_refused_naming_the_field(override: str, names: str):
+    with pytest.raises(SpecError) as err:
+        apply_overrides({"job": {}}, [override])
+    assert str(err.value).startswith(f"--set: {names}"), str(err.value)
+
+
+def test_only_loops_and_tracking_are_set_whole():
+    for bad in ("model=3", "cluster=false", "loops.x=1", "tracking..wandb=1"):
+        with pytest.raises(SpecError, match="not a field path"):
+            apply_overrides({"job": {}}, [bad])
+    with pytest.raises(SpecError, match="the tracking section is not a mapping"):
+        apply_overrides({"job": {}, "tracking": False}, ["tracking.wandb=true"])
+
+
+def test_run_tracking_off_starts_nothing_and_writes_nothing(tmp_path: Path):
+    import asyncio
+
+    from rollart.job.tracking import STATE_FILE, RunTracking
+
+    for old in ("tb/events.out", "samples.jsonl", STATE_FILE):  # a previous run's tracking output
+        (tmp_path / old).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / old).write_text("{}\n")
+    lines: list[str] = []
+    rt = RunTracking({"job": {}, "tracking": False}, tmp_path, "j", fresh=True, say=lines.append)
+    rt.start(tmp_path / "cluster", {"services": {}}, "token", 8)
+    assert rt.tracker is None and "tracking         off (tracking: false)" in lines
+    asyncio.run(rt.on_event(trainer_pb2.TrainerEvent(step_finished=trainer_pb2.StepMetrics(step=1))))
+    rt.close(ok=True)
+    rt.stop()
+    assert not (tmp_path / "tb").exists() and not (tmp_path / "samples.jsonl").exists()
+    assert not (tmp_path / STATE_FILE).exists()  # cleared on a fresh run, and nothing written after
+    kept = tmp_path / "resumed"
+    (kept / "tb").mkdir(parents=True)
+    (kept / STATE_FILE).write_text('{"last_step": 3}\n')
+    RunTracking({"job": {}, "tracking": False}, kept, "j", fresh=False, say=lines.append).start(
+        kept / "cluster", {"services": {}}, "token", 8)
+    assert (kept / "tb").is_dir() and (kept / STATE_FILE).read_text() == '{"last_step": 3}\n'  # a resume keeps them
