@@ -217,6 +217,8 @@ class RunTracking:
         self.batch_size = 0
         self.asked: set[int] = set()
         self.metrics_offset = 0  # validation lines of metrics.jsonl read so far (rollart.job.evaluation)
+        # Seconds the run's loop spent in the tracker (start, events, close): tracking.json's loop_seconds.
+        self.loop_seconds = 0.0
 
     def start(self, state_dir: Path, state: dict[str, Any], token: str, batch_size: int) -> None:
         from . import monitoring
@@ -236,14 +238,17 @@ class RunTracking:
             tracker.clear()
             self.say("tracking         off (tracking: false)")
             return
+        t0 = time.perf_counter()
         self.tracker = tracker
         self.tracker.start()
+        self.loop_seconds += time.perf_counter() - t0
 
     async def on_event(self, ev: Any) -> None:
         """A TrainerEvent of WatchJob: never raises (tracking must not stop the run's watch)."""
         if self.tracker is None:
             return
         kind = ev.WhichOneof("event")
+        t0 = time.perf_counter()
         try:
             if kind == "step_finished":
                 from .metrics import to_record
@@ -254,6 +259,7 @@ class RunTracking:
             self._validation()
         except Exception as exc:
             self.say(f"tracking         {kind} event not tracked ({_line(exc)})")
+        self.loop_seconds += time.perf_counter() - t0
 
     def _validation(self) -> None:
         """Validation records appended to metrics.jsonl since the last look (whole lines only)."""
@@ -292,9 +298,14 @@ class RunTracking:
 
     def close(self, ok: bool) -> None:
         if self.tracker is not None:
+            t0 = time.perf_counter()
             with contextlib.suppress(Exception):
                 self._validation()  # the evaluation after the last step
             self.tracker.close(ok)
+            self.loop_seconds += time.perf_counter() - t0
+            self.tracker.state["loop_seconds"] = round(self.loop_seconds, 3)
+            with contextlib.suppress(OSError):
+                self.tracker._save()
             self.tracker = None
 
     def stop(self) -> None:

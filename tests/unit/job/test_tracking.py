@@ -190,6 +190,8 @@ def test_run_tracking_reads_whole_validation_lines_and_never_raises(tmp_path: Pa
     assert any("step_finished event not tracked" in line for line in lines)
     rt.close(ok=True)
     rt.stop()
+    kept = json.loads((tmp_path / "tracking.json").read_text())  # the time the run's loop spent tracking
+    assert kept["last_step"] == 1 and 0 < kept["loop_seconds"] < 60
 
 
 @pytest.mark.parametrize("value", ["false", "off", "{enabled: false}"])
