@@ -144,7 +144,7 @@ def turn_versions(trajectory: common_pb2.Trajectory) -> tuple[set[int], str | No
     return versions, None
 
 
-FATES = ("trained", "evicted", "cancelled", "rejected", "failed")
+FATES = ("trained", "evicted", "cancelled", "rejected", "failed", "filtered")
 
 
 def accounting(stats: dict[str, int]) -> common_pb2.GenerationAccounting:

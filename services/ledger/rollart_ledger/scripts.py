@@ -239,6 +239,9 @@ class BatchRecord:
     created_ms: int
     partial: bool
     evicted_tokens: int = 0  # generated tokens of the evicted samples
+    filtered_groups: int = 0  # zero-variance groups consumed for this batch (dynamic sampling)
+    filtered_samples: int = 0
+    filtered_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -249,6 +252,7 @@ class BatchAttempt:
     evicted_now: int = 0
     ready_samples: int = 0
     evicted_tokens_now: int = 0
+    filtered_now: int = 0  # zero-variance groups this attempt consumed
 
 
 @dataclass(frozen=True)
@@ -505,10 +509,14 @@ class LedgerScripts:
         partial: bool,
         evicted_before: int,
         evicted_tokens_before: int = 0,
+        drop_zero_variance: bool = False,
+        max_groups: int = 0,
     ) -> BatchAttempt:
         """One attempt: evict below ``floor`` (None: no eviction; none under AT_START either), then form the
         step's batch if ready (or, with ``partial``, whatever is ready). ``evicted_before`` (and their
-        ``evicted_tokens_before``) are added to the batch's eviction counts."""
+        ``evicted_tokens_before``) are added to the batch's eviction counts. ``drop_zero_variance``: groups
+        whose rewards are all equal are consumed as filtered and the batch filled from further groups, at most
+        ``max_groups`` drawn for the step (0: no bound); get_batch.lua states the rules."""
         out = await self._run(
             "get_batch",
             [
@@ -518,13 +526,19 @@ class LedgerScripts:
                 _flag(partial),
                 evicted_before,
                 evicted_tokens_before,
+                _flag(drop_zero_variance),
+                max_groups,
             ],
         )
         if int(out[0]) != 1:
             return BatchAttempt(
-                None, evicted_now=int(out[1]), ready_samples=int(out[2]), evicted_tokens_now=int(out[3])
+                None,
+                evicted_now=int(out[1]),
+                ready_samples=int(out[2]),
+                evicted_tokens_now=int(out[3]),
+                filtered_now=int(out[4]),
             )
-        _, batch_id, n, minv, maxv, ev, groups, created, part, evk = out
+        _, batch_id, n, minv, maxv, ev, groups, created, part, evk, fg, fs, ft = out
         return BatchAttempt(
             BatchRecord(
                 batch_id=_text(batch_id),
@@ -536,6 +550,9 @@ class LedgerScripts:
                 created_ms=int(created),
                 partial=bool(int(part)),
                 evicted_tokens=int(evk),
+                filtered_groups=int(fg),
+                filtered_samples=int(fs),
+                filtered_tokens=int(ft),
             )
         )
 

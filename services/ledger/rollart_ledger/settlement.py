@@ -113,12 +113,14 @@ class Settlement(Part):
                 partial=partial,
                 evicted_before=evicted,
                 evicted_tokens_before=evicted_tokens,
+                drop_zero_variance=request.drop_zero_variance,
+                max_groups=request.max_groups,
             )
             if attempt.batch is not None:
                 return await self._batch(request.step, attempt.batch, time.monotonic() - started)
             evicted += attempt.evicted_now
             evicted_tokens += attempt.evicted_tokens_now
-            if attempt.evicted_now:
+            if attempt.evicted_now or attempt.filtered_now:  # buffer space freed: acquire may go on
                 self.signal.fire()
             if remaining <= 0:
                 if request.allow_partial:
@@ -162,6 +164,9 @@ class Settlement(Part):
             waited=codec.dur_ms(waited * 1000),
             partial=record.partial,
             accounting=await self.accounting(),
+            filtered_groups=record.filtered_groups,
+            filtered_samples=record.filtered_samples,
+            filtered_tokens=record.filtered_tokens,
         )
         for gid, h, group in zip(gids, ghs, tids):
             trajectories = []

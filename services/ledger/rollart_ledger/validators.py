@@ -379,6 +379,8 @@ def get_batch(request: lp.GetBatchRequest) -> float:
         raise _bad("batch_size", f"batch_size must be within [1, {MAX_BATCH}], got {request.batch_size}")
     if request.current_version < 0:
         raise _bad("current_version", "current_version must be >= 0")
+    if not 0 <= request.max_groups <= MAX_BATCH:
+        raise _bad("max_groups", f"max_groups must be within [0, {MAX_BATCH}] (0: no bound), got {request.max_groups}")
     return duration("wait", request.wait)
 
 

@@ -172,10 +172,10 @@ local function acct_add(fate, tokens)
   redis.call('HINCRBY', k('stats'), 'gen:' .. fate .. ':n', 1)
   redis.call('HINCRBY', k('stats'), 'gen:' .. fate .. ':t', int(tokens))
 end
-local FATE_OF_MARK = {K = 'trained', E = 'evicted', F = 'failed'}
+local FATE_OF_MARK = {K = 'trained', E = 'evicted', F = 'failed', Z = 'filtered'}
 
 -- ------------------------------------------------------------------------------------------ samples
--- Removes a buffered sample (mark: K consumed, E evicted, F failed) and counts its fate (default: the
+-- Removes a buffered sample (mark: K consumed, E evicted, F failed, Z filtered) and counts its fate (default: the
 -- mark's); returns its generated tokens, or false when it was not in the buffer.
 local function sample_remove(tid, mark, fate)
   local sk = k('s:' .. tid)
