@@ -239,7 +239,7 @@ class TrainerEndpoints(_message.Message):
     def __init__(self, ledger: _Optional[str] = ..., llmproxy: _Optional[str] = ..., resource_manager: _Optional[str] = ...) -> None: ...
 
 class TrainerJobSpec(_message.Message):
-    __slots__ = ("job_id", "model", "backend", "mode", "alpha", "admission", "batch_size", "group_size", "redundancy", "max_steps", "grpo", "publish", "checkpoint", "prompts", "endpoints", "sampling", "seed", "device", "batch_timeout", "metrics_path", "options", "parallel", "tasks")
+    __slots__ = ("job_id", "model", "backend", "mode", "alpha", "admission", "batch_size", "group_size", "redundancy", "max_steps", "grpo", "publish", "checkpoint", "prompts", "endpoints", "sampling", "seed", "device", "batch_timeout", "metrics_path", "options", "parallel", "tasks", "lora")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +270,7 @@ class TrainerJobSpec(_message.Message):
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     model: str
     backend: TrainerBackend
@@ -293,7 +294,22 @@ class TrainerJobSpec(_message.Message):
     options: _containers.ScalarMap[str, str]
     parallel: ParallelConfig
     tasks: _containers.RepeatedCompositeFieldContainer[PromptSource]
-    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[_Union[TrainerBackend, str]] = ..., mode: _Optional[_Union[StepMode, str]] = ..., alpha: _Optional[int] = ..., admission: _Optional[_Union[_common_pb2.AdmissionPolicy, str]] = ..., batch_size: _Optional[int] = ..., group_size: _Optional[int] = ..., redundancy: _Optional[int] = ..., max_steps: _Optional[int] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., publish: _Optional[_Union[PublishConfig, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointConfig, _Mapping]] = ..., prompts: _Optional[_Union[PromptSource, _Mapping]] = ..., endpoints: _Optional[_Union[TrainerEndpoints, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., device: _Optional[str] = ..., batch_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., metrics_path: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., parallel: _Optional[_Union[ParallelConfig, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[PromptSource, _Mapping]]] = ...) -> None: ...
+    lora: LoraConfig
+    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[str] = ..., backend: _Optional[_Union[TrainerBackend, str]] = ..., mode: _Optional[_Union[StepMode, str]] = ..., alpha: _Optional[int] = ..., admission: _Optional[_Union[_common_pb2.AdmissionPolicy, str]] = ..., batch_size: _Optional[int] = ..., group_size: _Optional[int] = ..., redundancy: _Optional[int] = ..., max_steps: _Optional[int] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., publish: _Optional[_Union[PublishConfig, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointConfig, _Mapping]] = ..., prompts: _Optional[_Union[PromptSource, _Mapping]] = ..., endpoints: _Optional[_Union[TrainerEndpoints, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., device: _Optional[str] = ..., batch_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., metrics_path: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., parallel: _Optional[_Union[ParallelConfig, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[PromptSource, _Mapping]]] = ..., lora: _Optional[_Union[LoraConfig, _Mapping]] = ...) -> None: ...
+
+class LoraConfig(_message.Message):
+    __slots__ = ("rank", "alpha", "dropout", "target_modules", "trainable_modules")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    DROPOUT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MODULES_FIELD_NUMBER: _ClassVar[int]
+    TRAINABLE_MODULES_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: _containers.RepeatedScalarFieldContainer[str]
+    trainable_modules: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, rank: _Optional[int] = ..., alpha: _Optional[float] = ..., dropout: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ..., trainable_modules: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
     __slots__ = ("step", "version_trained", "version_produced", "samples", "groups", "reward_mean", "reward_std", "reward_min", "reward_max", "loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "learning_rate", "tokens_trained", "response_length_mean", "staleness_mean", "staleness_max", "rollout_tokens_per_s", "get_batch_time", "suspend_time", "update_time", "resume_time", "train_time", "publish_time", "step_time", "update_pause", "actor_versions", "admitted", "rejected", "started_at", "finished_at", "extra", "accounting", "accounting_total", "checkpoint_time", "tasks")
