@@ -98,32 +98,29 @@ class TestAttemptsAndRetries:
         assert (await store.group(g[3]))["st"] == "C"  # the retry filtered nothing more
         assert (await accounting(store)).filtered.samples == 2
 
-    async def test_the_bound_reached_with_groups_kept_forms_a_partial_batch(self, store):
+    async def test_a_group_is_filtered_only_while_the_bound_leaves_room_for_the_batch(self, store):
         g = await store.ready_job(groups=4)
-        await complete(store, {g[0]: (1, 1), g[1]: (0, 1), g[2]: (1, 0), g[3]: (0, 0)})
-        b = (await attempt(store, batch_size=6, max_groups=2)).batch
-        assert b.group_ids == [g[1]] and b.partial and b.samples == 2 and b.filtered_groups == 1
-        assert (await store.group(g[2]))["st"] == "C" and (await store.group(g[3]))["st"] == "C"  # not drawn
+        await complete(store, {g[0]: (1, 1), g[1]: (0, 0), g[2]: (0, 1), g[3]: (1, 0)})
+        # bound 3, batch of 2 groups: g0 filtered (1 drawn + 2 needed = 3); g1 would leave no room: kept
+        b = (await attempt(store, max_groups=3)).batch
+        assert b.group_ids == [g[1], g[2]] and not b.partial and b.filtered_groups == 1
+        await assert_filtered(store, g[0])
+        assert (await store.group(g[3]))["st"] == "C"  # not drawn
 
-    async def test_the_bound_counts_groups_drawn_by_earlier_attempts(self, store):
+    async def test_the_bound_counts_groups_filtered_by_earlier_attempts(self, store):
         g = await store.ready_job(groups=4)
         await complete(store, {g[0]: (1, 1)})
-        assert (await attempt(store, max_groups=2)).filtered_now == 1
+        assert (await attempt(store, max_groups=3)).filtered_now == 1
         await complete(store, {g[1]: (0, 0), g[2]: (0, 1), g[3]: (1, 1)})
-        # g1 is the second group drawn: filtered; nothing kept at the bound, so the batch forms as without
-        # dynamic sampling: g2 and g3 (zero variance, trained with zero advantage)
-        b = (await attempt(store, max_groups=2)).batch
-        assert b.group_ids == [g[2], g[3]] and not b.partial and b.filtered_groups == 2
-        await assert_filtered(store, g[1])
+        # alone, g1 would be filtered (1 + 2 needed <= 3); after g0, it is kept (zero advantage)
+        b = (await attempt(store, max_groups=3)).batch
+        assert b.group_ids == [g[1], g[2]] and b.filtered_groups == 1 and b.filtered_samples == 2
 
-    async def test_every_drawn_group_filtered_at_the_bound_waits_as_today(self, store):
-        g = await store.ready_job(groups=3)
+    async def test_a_bound_below_the_batch_filters_nothing(self, store):
+        g = await store.ready_job(groups=2)
         await complete(store, {g[0]: (1, 1), g[1]: (0, 0)})
-        got = await attempt(store, max_groups=1)
-        assert got.batch is None and got.filtered_now == 1 and got.ready_samples == 2
-        await complete(store, {g[2]: (1, 1)})
         b = (await attempt(store, max_groups=1)).batch
-        assert b.group_ids == [g[1], g[2]] and b.filtered_groups == 1
+        assert b.group_ids == [g[0], g[1]] and b.filtered_groups == 0
 
     async def test_partial_at_the_end_of_the_wait_keeps_the_filter(self, store):
         g = await store.ready_job(groups=2)

@@ -17,9 +17,10 @@
 -- state Z, samples removed with mark Z and fate filtered, in this atomic step: never trained, never leased
 -- again) and the batch is filled from further ready groups. The step's filtered counts and drawn groups live
 -- in P bfilt:<step> across attempts (moved into the batch hash when it forms), so neither a retried call nor a
--- restarted ledger filters or bounds twice. The bound (ARGV[9]) counts groups drawn (filtered + kept): reached
--- with groups kept, the batch forms with them (partial if < B); with none kept, filtering stops for the step
--- and the batch forms as without dynamic sampling.
+-- restarted ledger filters or bounds twice. The bound (ARGV[9]) counts groups drawn (filtered + kept): a group
+-- is filtered only while the step's filtered groups, the groups kept, it and the groups the batch still needs
+-- stay within it; past that, zero-variance groups are kept (zero advantage, as without dynamic sampling). So a
+-- step draws at most max(bound, the batch's groups), the batch is whole, and the bound never stalls a step.
 -- Multi-task (policy fields nts > 0, ts:<task>): the batch holds ceil(B / G) groups split between the tasks
 -- by share (largest remainder, ties by task tag: policy.task_group_quotas), each task's oldest first; it
 -- forms only when every task has its quota ready (or, partial, at the end of the wait, with what there is).
@@ -74,8 +75,6 @@ local drop, maxg = ARGV[8] == '1', tn(ARGV[9], 0)
 local fk = k('bfilt:' .. step)
 local F = hmap(fk)
 local fg, fs, ft, fnow = tn(F.g, 0), tn(F.s, 0), tn(F.t, 0), 0
-local spent = maxg > 0 and fg >= maxg  -- the bound was reached before with nothing kept: no more filtering
-local capped = false
 
 -- Whether the complete, scored group's rewards are all equal (one sample included): no advantage.
 local function zero_variance(G)
@@ -108,13 +107,10 @@ local function filter_group(gid, G)
   group_end(gid, 'Z')
   fg, fnow = fg + 1, fnow + 1
 end
--- Draws one ready group: true when it is kept for the batch, false when filtered. nil: the bound stops here.
-local function draw(gid)
-  if not spent and maxg > 0 and fg + #take >= maxg then
-    if #take > 0 then capped = true return nil end
-    spent = true
-  end
-  if drop and not spent then
+-- Draws one ready group: true when it is kept for the batch, false when filtered. ``need``: the groups the
+-- batch still needs. A group is filtered only while the groups drawn, it, and those still needed fit the bound.
+local function draw(gid, need)
+  if drop and (maxg == 0 or fg + #take + 1 + need <= maxg) then
     local G = gload(gid)
     if zero_variance(G) then
       filter_group(gid, G)
@@ -128,9 +124,9 @@ end
 if quotas == nil then
   for _, gid in ipairs(ready) do
     if total >= B then break end
-    local kept = draw(gid)
-    if kept == nil then break end
-    if kept then total = total + tonumber(redis.call('HGET', k('g:' .. gid), 'G')) end
+    if draw(gid, math.ceil((B - total) / math.max(pol('G'), 1))) then
+      total = total + tonumber(redis.call('HGET', k('g:' .. gid), 'G'))
+    end
   end
 else
   local short = false
@@ -138,19 +134,19 @@ else
     local g = redis.call('HMGET', k('g:' .. gid), 'task', 'G')
     local q = quotas[g[1]]
     if q ~= nil and q > 0 then
-      local kept = draw(gid)
-      if kept == nil then break end
-      if kept then
+      local need = 0
+      for _, n in pairs(quotas) do need = need + n end
+      if draw(gid, need) then
         total = total + tonumber(g[2])
         quotas[g[1]] = q - 1
       end
     end
   end
   for _, q in pairs(quotas) do if q > 0 then short = true end end
-  if short and not capped then total = math.min(total, B - 1) end  -- not every task has its share yet
+  if short then total = math.min(total, B - 1) end  -- not every task has its share yet
 end
 if fnow > 0 then redis.call('HSET', fk, 'g', fg, 's', fs, 't', int(ft)) end
-if not capped and total < B and (ARGV[5] ~= '1' or #take == 0) then return finish({0, ev, total, evk, fnow}) end
+if total < B and (ARGV[5] ~= '1' or #take == 0) then return finish({0, ev, total, evk, fnow}) end
 if quotas ~= nil then
   total = 0
   for _, gid in ipairs(take) do total = total + tonumber(redis.call('HGET', k('g:' .. gid), 'G')) end
