@@ -310,7 +310,14 @@ class JobRunner:
                 self.state.step = s
                 self.state.policy_version = s
                 self.state.last_batch_id = batch.batch_id
-                stepmetrics.fill(m, stats, batch, multitask=len(self.spec.tasks) > 0)
+                stepmetrics.fill(
+                    m,
+                    stats,
+                    batch,
+                    multitask=len(self.spec.tasks) > 0,
+                    max_tokens=self.spec.sampling.max_tokens,
+                    max_seq_len=self.spec.grpo.max_seq_len,
+                )
                 # The checkpoint carries the step's metrics: a restart writes the line a kill lost.
                 self.state.extra["metrics"] = to_record(m)
                 if s % st.checkpoint_every_steps == 0 or (st.max_steps and s >= st.max_steps):
@@ -395,14 +402,27 @@ class JobRunner:
     # -------------------------------------------------------------------------------- protocol pieces
 
     async def _get_batch(self, s: int, v: int) -> ledger_pb2.Batch:
-        assert self.peers is not None
+        assert self.peers is not None and self.state is not None
         deadline = time.monotonic() + self.settings.batch_timeout
+        # DAPO's dynamic sampling (docs/objective.md): the ledger consumes zero-variance groups as filtered and
+        # fills the batch from further groups, at most max_groups drawn (0: 4 x the batch's groups).
+        drop = self.spec.grpo.dynamic_sampling
+        max_groups = (self.spec.grpo.max_groups_per_batch or 4 * self.settings.groups_per_step) if drop else 0
         while True:
             if self.stop_requested:
                 raise _StopBeforeBatch()
-            wait = max(0.0, min(5.0, deadline - time.monotonic()))
+            if drop:  # the pool refilled by the groups filtered so far (this step's included)
+                await self.prompts.ensure(
+                    self.peers.ledger, self.state.extra, s, extra_groups=await self._filtered_groups()
+                )
+            wait = max(0.0, min(2.0 if drop else 5.0, deadline - time.monotonic()))
             req = ledger_pb2.GetBatchRequest(
-                step=s, batch_size=self.settings.batch_size, current_version=v, wait=_dur(wait)
+                step=s,
+                batch_size=self.settings.batch_size,
+                current_version=v,
+                wait=_dur(wait),
+                drop_zero_variance=drop,
+                max_groups=max_groups,
             )
             try:
                 return await self.peers.ledger.GetBatch(req, timeout=wait + 15.0)
@@ -416,6 +436,12 @@ class JobRunner:
                     ) from None
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:
                     await asyncio.sleep(0.5)
+
+    async def _filtered_groups(self) -> int:
+        """Groups the ledger consumed as filtered so far (its accounting counts their samples)."""
+        assert self.peers is not None
+        st = await self.peers.ledger.GetStatus(ledger_pb2.LedgerStatusRequest(versions_limit=1), timeout=15.0)
+        return st.accounting.filtered.samples // max(self.settings.group_size, 1)
 
     async def _ack_batch(self, s: int, batch_id: str) -> None:
         assert self.peers is not None

@@ -57,11 +57,14 @@ class PromptFeed:
             self._rows[dataset_uri] = rows
         return self._rows[dataset_uri]
 
-    async def ensure(self, ledger: ledger_pb2_grpc.LedgerStub, extra: dict[str, Any], step: int) -> None:
-        """Groups up to step ``step + alpha + 1`` in the pool; ``extra`` (the trainer state's, checkpointed)
-        remembers how many were added."""
+    async def ensure(
+        self, ledger: ledger_pb2_grpc.LedgerStub, extra: dict[str, Any], step: int, extra_groups: int = 0
+    ) -> None:
+        """Groups up to step ``step + alpha + 1`` in the pool, plus ``extra_groups`` (dynamic sampling: the groups
+        the ledger filtered, which no step trains); ``extra`` (the trainer state's, checkpointed) remembers how
+        many were added."""
         st = self.settings
-        target = st.groups_per_step * (step + st.alpha + 2)
+        target = st.groups_per_step * (step + st.alpha + 2) + extra_groups
         done = int(extra.get("prompts_added", 0))
         if done >= target:
             return

@@ -13,12 +13,22 @@ from rollart.job.metrics import accounting_delta, wasted_fraction
 from rollart.v1 import ledger_pb2, ledger_pb2_grpc, trainer_pb2
 
 from . import tasks
+from .train_stats import response_lengths
 
 T = trainer_pb2
 
 
-def fill(m: T.StepMetrics, stats: Any, batch: ledger_pb2.Batch, multitask: bool) -> None:
-    """The training statistics ``stats`` (grpo.StepStats) and the batch's shape into ``m``."""
+def fill(
+    m: T.StepMetrics,
+    stats: Any,
+    batch: ledger_pb2.Batch,
+    multitask: bool,
+    *,
+    max_tokens: int = 0,
+    max_seq_len: int = 0,
+) -> None:
+    """The training statistics ``stats`` (grpo.StepStats) and the batch's shape into ``m``. ``max_tokens``
+    (the job's sampling limit per request) and ``max_seq_len`` (the trainer's) define a clipped response."""
     m.samples = stats.samples
     m.groups = stats.groups
     m.reward_mean, m.reward_std = stats.reward_mean, stats.reward_std
@@ -39,6 +49,11 @@ def fill(m: T.StepMetrics, stats: Any, batch: ledger_pb2.Batch, multitask: bool)
     m.extra["batch_min_version"] = float(batch.min_version)
     m.extra["batch_max_version"] = float(batch.max_version)
     m.extra["evicted"] = float(batch.evicted)
+    # dynamic sampling: zero-variance groups the ledger consumed for this batch (never trained)
+    m.extra["filtered_groups"] = float(batch.filtered_groups)
+    m.extra["filtered_samples"] = float(batch.filtered_samples)
+    m.extra["filtered_tokens"] = float(batch.filtered_tokens)
+    m.extra.update(response_lengths((t for g in batch.groups for t in g.trajectories), max_tokens, max_seq_len))
     turns = [len(t.turns) for g in batch.groups for t in g.trajectories]
     m.extra["turns_mean"] = sum(turns) / len(turns) if turns else 0.0
     if multitask:

@@ -5,6 +5,7 @@ Token statistics are over the agent tokens trained on; the names are the step me
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -100,3 +101,21 @@ class StepStats:
                 msg.extra[name] = float(value)
         msg.train_time.FromNanoseconds(int(self.train_seconds * 1e9))
         return msg
+
+
+def response_lengths(trajectories: Iterable[Any], max_tokens: int = 0, max_seq_len: int = 0) -> dict[str, float]:
+    """``response_length_max`` (the most agent tokens a sample of the batch generated, all turns) and
+    ``response_clip_fraction``: the share of samples that hit the max length, i.e. a turn that generated
+    ``max_tokens`` tokens (the sampling limit of one request: cut by length) or a token stream (prompt,
+    observations, actions) longer than ``max_seq_len`` (cut by the trainer). 0 turns off either limit.
+    ``trajectories``: ``rollart.v1.Trajectory`` messages (a batch's)."""
+    n = clipped = longest = 0
+    for t in trajectories:
+        actions = [len(turn.action_token_ids) for turn in t.turns]
+        length = sum(actions)
+        stream = len(t.prompt_token_ids) + length + sum(len(turn.observation_token_ids) for turn in t.turns)
+        n += 1
+        longest = max(longest, length)
+        if (max_tokens > 0 and any(a >= max_tokens for a in actions)) or (0 < max_seq_len < stream):
+            clipped += 1
+    return {"response_length_max": float(longest), "response_clip_fraction": clipped / n if n else 0.0}

@@ -106,11 +106,18 @@ def _objective(g: T.GrpoConfig, spec: T.TrainerJobSpec) -> None:
         o.check(g.max_seq_len)
     except ObjectiveError as exc:
         raise errors.InvalidArgument(p + exc.field, exc.reason) from None
-    if o.dynamic_sampling:
-        # Filtered groups must leave the ledger's buffer as their own fate (not trained) and the batch be
-        # filled from further groups under the ledger's rules: GetBatch cannot do that yet.
+    groups = spec.batch_size // spec.group_size if spec.group_size >= 1 else 0
+    if o.dynamic_sampling and spec.group_size < 2:
+        # every group of one sample has zero variance: there would be nothing but filtering
         raise errors.InvalidArgument(
-            p + "dynamic_sampling", "not available yet: the ledger's GetBatch has no zero-variance filter"
+            p + "dynamic_sampling", f"needs groups of at least 2 samples (group_size is {spec.group_size})"
+        )
+    if o.dynamic_sampling and 0 < g.max_groups_per_batch < groups:
+        # the ledger filters a group only while the bound leaves room for the whole batch: it would filter nothing
+        raise errors.InvalidArgument(
+            p + "max_groups_per_batch",
+            f"must be 0 (4 x the batch's groups) or at least the batch's {groups} groups"
+            f" (batch_size / group_size), got {g.max_groups_per_batch}",
         )
     if (
         not o.is_default_loss

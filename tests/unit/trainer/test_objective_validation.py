@@ -71,7 +71,8 @@ def test_the_defaults_and_a_full_objective_pass(model_dir: Path) -> None:
         ({"overlong_buffer": 64, "overlong_max_tokens": 32}, "spec.grpo.overlong_max_tokens", "> overlong_buffer"),
         ({"loss_aggregation": "seq-mean-token-sum-norm"}, "spec.grpo.aggregation_length", "constant length"),
         ({"max_groups_per_batch": -1}, "spec.grpo.max_groups_per_batch", "within"),
-        ({"dynamic_sampling": True}, "spec.grpo.dynamic_sampling", "not available yet"),
+        ({"dynamic_sampling": True, "max_groups_per_batch": 1}, "spec.grpo.max_groups_per_batch", "batch's 2 groups"),
+        ({"dynamic_sampling": True, "max_groups_per_batch": 2_000_000}, "spec.grpo.max_groups_per_batch", "within"),
     ],
 )
 def test_bad_objective_fields_are_refused_naming_the_field(
@@ -80,6 +81,17 @@ def test_bad_objective_fields_are_refused_naming_the_field(
     err = refusal(spec(model_dir, grpo=grpo))
     assert err.field == field
     assert words in err.details()
+
+
+def test_dynamic_sampling_is_accepted(model_dir: Path) -> None:
+    check_spec(spec(model_dir, grpo={"dynamic_sampling": True}))  # bound 0: 4 x the batch's groups
+    check_spec(spec(model_dir, grpo={"dynamic_sampling": True, "max_groups_per_batch": 2}))
+    check_spec(spec(model_dir, grpo={"max_groups_per_batch": 1}))  # without dynamic sampling: unused
+
+
+def test_dynamic_sampling_with_groups_of_one_is_refused(model_dir: Path) -> None:
+    err = refusal(spec(model_dir, group_size=1, grpo={"dynamic_sampling": True}))
+    assert err.field == "spec.grpo.dynamic_sampling" and "at least 2 samples" in err.details()
 
 
 @pytest.mark.parametrize(
