@@ -1,8 +1,10 @@
-"""Full checkpoints addressed by URL: a directory (``file://`` or a path) or an S3-compatible bucket.
+"""Full checkpoints addressed by URL: a directory (``file://`` or a path), an S3-compatible bucket, or (read-only)
+a static HTTP server over a directory store's folder (``http(s)://``, :mod:`rollart.weights.http_store`).
 
 Layout: ``<root>/v<12 digits>/model.safetensors`` (metadata: ``rollart.version``, and ``rollart.job`` /
 ``rollart.hash`` when known), then ``manifest.json`` (version, SHA-256, sizes), each written to a temporary name,
-fsynced and renamed. Invariant: a version exists iff its manifest does, so a reader never sees half a checkpoint
+fsynced and renamed (a directory store also keeps ``index.json``, its committed versions, for HTTP readers).
+Invariant: a version exists iff its manifest does, so a reader never sees half a checkpoint
 (a writer that died leaves an invisible folder the next ``put`` overwrites); committed checkpoints are immutable
 and checked against their SHA-256 on open unless the caller opts out. No torch; boto3 only for ``s3://``.
 docs/weight-plane.md ("Full weights").
@@ -31,6 +33,9 @@ from rollart.delta.safetensors_io import WeightSet, load_safetensors, read_heade
 FORMAT = "rollart.checkpoint/1"
 CHECKPOINT_FILE = "model.safetensors"
 MANIFEST_FILE = "manifest.json"
+INDEX_FILE = "index.json"  # a directory store's committed versions, rewritten after each commit and delete
+INDEX_FORMAT = "rollart.checkpoint-index/1"
+ROUTES_ENV = "ROLLART_CHECKPOINT_ROUTES"  # JSON {store URL or path prefix: the URL this process reads it at}
 _VERSION_DIR = re.compile(r"^v(\d{12})$")
 _CHUNK = 16 << 20  # hashing/copy chunk: large enough for full speed, small enough to stay in cache
 
@@ -321,7 +326,14 @@ class DirectoryStore(CheckpointStore):
         info = CheckpointInfo(version, digest, size, tensor_bytes, count, time.time(), dict(metadata or {}), str(path))
         _fsync_dir(path.parent)  # the file's rename is durable before the manifest that names it
         self._write_manifest(path.parent / MANIFEST_FILE, info.to_json())
+        self._write_index()
         return info
+
+    def _write_index(self) -> None:
+        """``index.json``: the committed versions from a fresh scan (what an HTTP reader lists; advisory, a
+        reader still finds a listed version gone when it was pruned since)."""
+        doc = {"format": INDEX_FORMAT, "versions": self.versions()}
+        _write_atomic(self.root / INDEX_FILE, json.dumps(doc).encode())
 
     def _write_manifest(self, path: Path, data: bytes) -> None:
         _write_atomic(path, data)
@@ -369,6 +381,8 @@ class DirectoryStore(CheckpointStore):
         if vdir.exists():
             _fsync_dir(vdir)
             shutil.rmtree(vdir, ignore_errors=True)
+        if existed:
+            self._write_index()
         return existed
 
     def prune(self, keep: int) -> list[int]:
@@ -545,12 +559,48 @@ class S3Store(CheckpointStore):
         return existed
 
 
+def checkpoint_routes(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``$ROLLART_CHECKPOINT_ROUTES``: where this process reads a store from (with ``cluster.regions`` the launcher
+    maps the trainer's checkpoint folder to the HTTP server in the trainer's region, through this region's link)."""
+    raw = (os.environ if env is None else env).get(ROUTES_ENV, "")
+    if not raw:
+        return {}
+    try:
+        routes = json.loads(raw)
+        if not isinstance(routes, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in routes.items()
+        ):
+            raise ValueError("expected a JSON object of strings")
+    except ValueError as e:
+        raise ValueError(f"{ROUTES_ENV} is malformed: {e}") from None
+    return routes
+
+
+def route(url: str, routes: Mapping[str, str]) -> str:
+    """``url`` with the longest matching route prefix (a path, ``file://`` URL or URL; whole path segments only)
+    replaced by its target."""
+    norm = unquote(urlparse(url).path) if url.startswith("file://") else url
+    if "://" not in norm:
+        norm = os.path.normpath(os.path.abspath(norm))
+    for prefix in sorted(routes, key=len, reverse=True):
+        key = unquote(urlparse(prefix).path) if prefix.startswith("file://") else prefix
+        key = os.path.normpath(os.path.abspath(key)) if "://" not in key else key.rstrip("/")
+        if norm == key or norm.startswith(key + "/"):
+            return routes[prefix].rstrip("/") + norm[len(key) :]
+    return url
+
+
 def open_store(url: str | os.PathLike[str], **kwargs: Any) -> CheckpointStore:
-    """A store for ``url``: ``s3://bucket/prefix``, ``file:///abs/dir``, or a plain path."""
-    text = os.fspath(url)
+    """A store for ``url``: ``s3://bucket/prefix``, ``http(s)://host:port/prefix`` (read-only), ``file:///abs/dir``,
+    or a plain path; first routed by ``$ROLLART_CHECKPOINT_ROUTES`` when that is set."""
+    text = route(os.fspath(url), checkpoint_routes())
     parsed = urlparse(text)
     if parsed.scheme == "s3":
         return S3Store(text, **kwargs)
+    if parsed.scheme in ("http", "https"):
+        from .http_store import HttpStore
+
+        return HttpStore(text, **kwargs)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):
             raise ValueError(f"file:// URL with a remote host is not supported: {text!r}")

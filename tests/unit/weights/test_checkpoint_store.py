@@ -183,11 +183,13 @@ def test_prune_keeps_newest(tmp_path):
     assert store.prune(keep=2) == [1, 2, 3]
     assert store.versions() == [4, 5]
     assert same(held, weights(2))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["v000000000004", "v000000000005"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.json", "v000000000004", "v000000000005"]
     with pytest.raises(ValueError):
         store.prune(keep=0)
     assert store.delete(4) and not store.delete(4)
     assert store.versions() == [5]
+    # index.json (what an HTTP reader lists) follows every commit and delete
+    assert json.loads((tmp_path / "index.json").read_text()) == {"format": cs.INDEX_FORMAT, "versions": [5]}
 
 
 def test_put_file_copies_and_validates(tmp_path):
