@@ -8,13 +8,21 @@ real address through that ordered pair's link. Ports are chosen before anything 
 service is handed is known up front: the launcher rewrites each instance's environment, replacing a peer's
 address in another region with the forwarder of the instance's own region, then checks that no address of
 another region is left (:func:`RegionPlan.audit`).
+
+The trainer's checkpoint folder (``ROLLART_WEIGHT_SOURCE__CHECKPOINT_STORE`` when it is a local folder) is served
+read-only by a static file server in the trainer's region (busybox httpd, else python's http.server), started and
+restarted by the links process; instances of other regions get ``ROLLART_CHECKPOINT_ROUTES`` mapping that folder
+to the server through their region's forwarder, so full checkpoints (``weight_sync: full_checkpoint``, catch-up
+and joiners) cross the link as HTTP GETs instead of being read from the shared file system.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +40,23 @@ DATA_SERVICES = ("relay", "trainer")
 # Environment keys whose addresses are not peer routes (docs/regions.md): a service's own Redis store, and its
 # Prometheus endpoint (the operator's scraper and `rollart run` read it, outside the regions).
 PRIVATE_KEYS = ("ROLLART_REDIS_URL", "ROLLART_METRICS_LISTEN")
+CHECKPOINTS = "checkpoints"  # the static file server over the trainer's checkpoint folder
+STORE_ENV = "ROLLART_WEIGHT_SOURCE__CHECKPOINT_STORE"
+
+
+def file_server_argv(directory: str, listen: str, kind: str = "auto") -> list[str]:
+    """A read-only static file server over ``directory`` on ``listen``. busybox httpd when installed (C, one
+    forked process per connection, no Python interpreter competing for the job's cores; ``-c /dev/null``: no
+    system httpd.conf applies), else python's http.server (threaded). ``kind``: auto, busybox or python."""
+    host, port = listen.rsplit(":", 1)
+    if kind not in ("auto", "busybox", "python"):
+        raise ValueError(f"file server kind {kind!r}: auto, busybox or python")
+    busybox = shutil.which("busybox") if kind != "python" else None
+    if busybox:
+        return [busybox, "httpd", "-f", "-p", listen, "-h", directory, "-c", "/dev/null"]
+    if kind == "busybox":
+        raise ProcessError("busybox is not installed (the checkpoint file server)")
+    return [sys.executable, "-m", "http.server", "--bind", host, "--directory", directory, port]
 
 
 class RegionError(ValueError):
@@ -182,7 +207,11 @@ class RegionPlan:
     """Addresses and forwarders of one cluster start: every instance's listen address, and per caller region
     the forwarder to each endpoint of another region."""
 
-    def __init__(self, regions: Regions, instances: Sequence[str], state_dir: Path) -> None:
+    def __init__(
+        self, regions: Regions, instances: Sequence[str], state_dir: Path, checkpoint_store: str | None = None
+    ) -> None:
+        """``checkpoint_store``: the trainer's checkpoint store (default ``$ROLLART_WEIGHT_SOURCE__CHECKPOINT_STORE``);
+        a local folder is served to the other regions over HTTP (see the module's docstring)."""
         self.regions = regions
         self.state_dir = state_dir
         missing = [n for n in instances if regions.region_of(n) is None]
@@ -214,6 +243,27 @@ class RegionPlan:
                         {"name": f"{caller}>{name}{suffix}", "listen": listen, "target": real,
                          "up": f"{caller}->{callee}", "down": f"{callee}->{caller}"}
                     )  # fmt: skip
+        self.server: dict[str, str] | None = None
+        store = os.environ.get(STORE_ENV, "") if checkpoint_store is None else checkpoint_store
+        if store.startswith("file://"):
+            store = store[len("file://") :]
+        if store and "://" not in store and "trainer" in self.region:
+            self.server = self._plan_server(os.path.abspath(store), self.region["trainer"])
+
+    def _plan_server(self, directory: str, region: str) -> dict[str, str]:
+        host = self.regions.host(region)
+        address = f"{host}:{free_port(host)}"
+        for caller in self.regions.names:
+            if caller == region:
+                continue
+            fhost = self.regions.forwarder_host(caller)
+            listen = f"{fhost}:{free_port(fhost)}"
+            self.routes[(caller, address)] = listen
+            self.forwarders.append(
+                {"name": f"{caller}>{CHECKPOINTS}", "listen": listen, "target": address,
+                 "up": f"{caller}->{region}", "down": f"{region}->{caller}"}
+            )  # fmt: skip
+        return {"name": CHECKPOINTS, "dir": directory, "address": address, "region": region}
 
     def route(self, caller: str, address: str) -> str:
         """What ``caller`` (an instance, or a region name) dials to reach ``address``."""
@@ -229,6 +279,13 @@ class RegionPlan:
             env["ROLLART_DATA_LISTEN"] = eps["data"]
         if name == "llmproxy" or name.startswith("llmproxy-"):
             env["ROLLART_HTTP_LISTEN"] = f"{host}:0"
+        server = self.server
+        if server is not None and self.region[name] != server["region"]:
+            # Its checkpoint store (the trainer's folder) read over HTTP through this region's link; a download
+            # cache of its own, so each instance's bytes cross the link (none reuses another's file).
+            url = f"http://{self.routes[(self.region[name], server['address'])]}/"
+            env["ROLLART_CHECKPOINT_ROUTES"] = json.dumps({server["dir"]: url})
+            env["ROLLART_CHECKPOINT_CACHE"] = str(self.state_dir / "checkpoint-cache" / name)
         if name == "trainer":
             # Actors that fall back to the trainer dial its advertised data endpoint: their region's forwarder,
             # when they are all in one other region.
@@ -277,15 +334,24 @@ class RegionPlan:
             "endpoints": self.endpoints,
             "links": {f"{a}->{b}": link.to_dict() for (a, b), link in self.regions.links.items()},
             "forwarders": self.forwarders,
+            "servers": [self.server] if self.server else [],
         }  # fmt: skip
 
-    def start_links(self, log: Callable[[str], None] = print) -> ManagedProcess:
-        """The forwarders' process, listening before any service starts (they dial their target per connection)."""
+    def start_links(self, log: Callable[[str], None] = print, server_kind: str = "auto") -> ManagedProcess:
+        """The forwarders' process, listening before any service starts (they dial their target per connection),
+        with the checkpoint file server as its supervised child."""
         run_dir = self.state_dir / "run"
         run_dir.mkdir(parents=True, exist_ok=True)
+        servers = []
+        if self.server is not None:
+            Path(self.server["dir"]).mkdir(parents=True, exist_ok=True)
+            argv = file_server_argv(self.server["dir"], self.server["address"], server_kind)
+            log_path = self.state_dir / "logs" / f"{CHECKPOINTS}.log"
+            servers.append({**self.server, "argv": argv, "log": str(log_path)})
         plan = {
             "links": {f"{a}->{b}": link.to_dict() for (a, b), link in self.regions.links.items()},
             "forwarders": self.forwarders,
+            "servers": servers,
             "ready_file": str(run_dir / "links.ready"),
             "counters_file": str(self.state_dir / "links.json"),
         }
@@ -302,6 +368,8 @@ class RegionPlan:
             f"{'links':<16} {len(self.forwarders)} forwarders over {len(self.regions.links)} link directions "
             f"(pid {proc.pid})"
         )
+        for srv in servers:
+            log(f"{srv['name']:<16} http://{srv['address']}/ over {srv['dir']} ({Path(srv['argv'][0]).name})")
         return proc
 
 

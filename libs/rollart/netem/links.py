@@ -7,10 +7,15 @@
     {"links": {"train->infer": {"rate_mbps": 40, "rtt_ms": 40, "jitter_ms": 2, "loss": 0.0}, ...},
      "forwarders": [{"name": "infer>ledger", "listen": "127.0.2.2:41001", "target": "127.0.1.1:40001",
                      "up": "infer->train", "down": "train->infer"}, ...],
+     "servers": [{"name": "checkpoints", "argv": ["busybox", "httpd", "-f", ...], "address": "127.0.1.1:40100",
+                  "log": ".../checkpoints.log"}],
      "ready_file": ".../links.ready", "counters_file": ".../links.json"}
 
-``up`` is the caller's direction (client -> target). It writes the ready file once every forwarder listens, and
-the counters (bytes per forwarder and per link direction, connections) every second and when stopped.
+``up`` is the caller's direction (client -> target). ``servers`` are processes of a region that its links carry
+(the trainer region's checkpoint file server): started as children, ready once they accept a connection,
+restarted when they die (each restart counted), stopped with this process. It writes the ready file once every
+forwarder listens and every server accepts, and the counters (bytes per forwarder and per link direction,
+connections, servers' pids and restarts) every second and when stopped.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import asyncio
 import contextlib
 import json
 import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,6 +53,67 @@ def path_spec(link: dict[str, Any]) -> LinkSpec:
     )
 
 
+SERVER_READY_S = 15.0  # a server that does not accept a connection by then fails the links process's start
+MAX_SERVER_RESTARTS = 20
+
+
+class Server:
+    """A child process serving on ``address`` (a region's file server), restarted when it dies."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self.last_exit: int | None = None
+
+    def start(self) -> None:
+        Path(self.spec["log"]).parent.mkdir(parents=True, exist_ok=True)
+        with open(self.spec["log"], "ab") as log:
+            self.proc = subprocess.Popen(self.spec["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+
+    async def wait_ready(self, timeout: float = SERVER_READY_S) -> None:
+        host, port = self.spec["address"].rsplit(":", 1)
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.spec['name']}: exited with {self.proc.returncode} (see {self.spec['log']})")
+            try:
+                with socket.create_connection((host, int(port)), timeout=1.0):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.spec['name']}: not accepting on {self.spec['address']}") from None
+            await asyncio.sleep(0.05)
+
+    async def check(self) -> None:
+        """Start it again if it died (at most MAX_SERVER_RESTARTS times)."""
+        if self.proc is None or self.proc.poll() is None or self.restarts >= MAX_SERVER_RESTARTS:
+            return
+        self.last_exit = self.proc.returncode
+        self.restarts += 1
+        self.start()
+        with contextlib.suppress(RuntimeError):
+            await self.wait_ready()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def counters(self) -> dict[str, Any]:
+        alive = self.proc is not None and self.proc.poll() is None
+        return {
+            "address": self.spec["address"], "pid": self.proc.pid if self.proc else None, "alive": alive,
+            "restarts": self.restarts, "last_exit": self.last_exit,
+        }  # fmt: skip
+
+
 class Links:
     """Every forwarder of a plan, in this event loop."""
 
@@ -54,6 +122,7 @@ class Links:
         self.paths = {name: path_spec(link) for name, link in plan["links"].items()}
         self.emulators: dict[str, tuple[WanEmulator, dict[str, Any]]] = {}
         self.shared: dict[str, tuple[TokenBucket, RateWindow]] = {}
+        self.servers = [Server(spec) for spec in plan.get("servers", [])]
 
     def _shared(self, name: str, emu: WanEmulator) -> tuple[TokenBucket, RateWindow]:
         if name not in self.shared:
@@ -65,6 +134,10 @@ class Links:
         return self.shared[name]
 
     async def start(self) -> None:
+        for srv in self.servers:
+            srv.start()
+        for srv in self.servers:
+            await srv.wait_ready()
         for f in self.plan["forwarders"]:
             up, down = self.paths[f["up"]], self.paths[f["down"]]
             spec = LinkSpec(**{**up.__dict__, "down": down, "seed": len(self.emulators)})
@@ -86,7 +159,10 @@ class Links:
                 "bytes_up": up, "bytes_down": down, "connections": len(emu.conns),
                 "stalls": sum(c.stalls for c in emu.conns),
             }  # fmt: skip
-        return {"at": time.time(), "links": {k: {"bytes": v} for k, v in per_link.items()}, "forwarders": forwarders}
+        out = {"at": time.time(), "links": {k: {"bytes": v} for k, v in per_link.items()}, "forwarders": forwarders}
+        if self.servers:
+            out["servers"] = {s.spec["name"]: s.counters() for s in self.servers}
+        return out
 
     def write_counters(self) -> None:
         path = Path(self.plan["counters_file"])
@@ -97,11 +173,17 @@ class Links:
     async def stop(self) -> None:
         for emu, _ in self.emulators.values():
             await emu.stop()
+        for srv in self.servers:
+            srv.stop()
 
 
 async def serve(plan: dict[str, Any]) -> None:
     links = Links(plan)
-    await links.start()
+    try:
+        await links.start()
+    except BaseException:
+        await links.stop()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -112,6 +194,8 @@ async def serve(plan: dict[str, Any]) -> None:
     while not stop.is_set():
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
+        for srv in links.servers:
+            await srv.check()
         links.write_counters()
     await links.stop()
     links.write_counters()

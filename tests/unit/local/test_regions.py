@@ -9,7 +9,7 @@ import pytest
 
 from rollart.local.cluster import SERVICE_NAMES
 from rollart.local.processes import ProcessError
-from rollart.local.regions import RegionError, RegionPlan, Regions, parse_regions
+from rollart.local.regions import RegionError, RegionPlan, Regions, file_server_argv, parse_regions
 from rollart.netem.links import path_spec
 
 LINK = {"rate_mbps": 40, "rtt_ms": 40, "jitter_ms": 2, "loss": 0.001}
@@ -85,7 +85,8 @@ def test_plan_routes_every_cross_region_address_through_the_callers_forwarder(tm
     regions = _parse(GEO)
     assert regions is not None
     names = ["resource-manager", "ledger", "relay", "trainer", "reward", "actor", "actor-2", "llmproxy", "envmanager"]
-    plan = RegionPlan(regions, names, tmp_path)
+    plan = RegionPlan(regions, names, tmp_path, checkpoint_store="")  # no checkpoint folder: no file server
+    assert plan.server is None
     ledger = plan.endpoints["ledger"]["address"]
     relay = plan.endpoints["relay"]["address"]
     assert ledger.startswith("127.0.1.1:") and relay.startswith("127.0.2.1:")
@@ -119,6 +120,39 @@ def test_plan_routes_every_cross_region_address_through_the_callers_forwarder(tm
     pinned = json.loads(plan.rewrite("trainer", listen)["ROLLART_RELAY_DATA_ENDPOINTS"])
     assert pinned == {plan.route("trainer", relay): plan.route("trainer", plan.endpoints["relay"]["data"])}
     assert all(v.startswith("127.0.1.2:") for v in pinned.values())
+
+
+def test_the_trainers_checkpoint_folder_is_served_through_each_other_regions_link(tmp_path: Path):
+    regions = _parse(GEO)
+    assert regions is not None
+    names = ["trainer", "ledger", "relay", "actor", "actor-2", "envmanager"]
+    folder = tmp_path / "weights"
+    plan = RegionPlan(regions, names, tmp_path, checkpoint_store=folder.as_uri())
+    assert plan.server is not None and plan.server["dir"] == str(folder)
+    assert plan.server["address"].startswith("127.0.1.1:") and plan.server["region"] == "train"
+    fwd = next(f for f in plan.forwarders if f["name"] == "infer>checkpoints")
+    assert fwd["target"] == plan.server["address"] and fwd["listen"].startswith("127.0.2.2:")
+    assert (fwd["up"], fwd["down"]) == ("infer->train", "train->infer")  # the file's bytes come down train->infer
+    for actor in ("actor", "actor-2"):
+        env = plan.rewrite(actor, plan.listen_env(actor))
+        assert json.loads(env["ROLLART_CHECKPOINT_ROUTES"]) == {str(folder): f"http://{fwd['listen']}/"}
+        assert env["ROLLART_CHECKPOINT_CACHE"] == str(tmp_path / "checkpoint-cache" / actor)  # one cache each
+        assert plan.audit(actor, env) == []
+    # The trainer's region reads its folder directly; a route naming the server's real address would leak.
+    assert "ROLLART_CHECKPOINT_ROUTES" not in plan.listen_env("trainer")
+    leak = {"ROLLART_CHECKPOINT_ROUTES": json.dumps({str(folder): f"http://{plan.server['address']}/"})}
+    assert plan.audit("actor", leak) == [f"ROLLART_CHECKPOINT_ROUTES={plan.server['address']}"]
+    assert plan.to_state()["servers"] == [plan.server]
+    # An S3 store is not served (every region reaches it the same way); nor is anything without a trainer.
+    assert RegionPlan(regions, names, tmp_path, checkpoint_store="s3://b/p").server is None
+    assert RegionPlan(regions, ["ledger", "actor"], tmp_path, checkpoint_store=str(folder)).server is None
+
+
+def test_file_server_argv(tmp_path: Path):
+    argv = file_server_argv(str(tmp_path), "127.0.1.1:8080", "python")
+    assert argv[1:] == ["-m", "http.server", "--bind", "127.0.1.1", "--directory", str(tmp_path), "8080"]
+    with pytest.raises(ValueError):
+        file_server_argv(str(tmp_path), "127.0.1.1:8080", "nginx")
 
 
 def test_a_started_instance_in_no_region_is_refused(tmp_path: Path):
