@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .processes import ManagedProcess, ProcessError, free_port
+from .processes import ManagedProcess, ProcessError, free_port, pid_alive
 
 REGION_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 MAX_REGIONS = 250  # 127.0.1.x .. 127.0.250.x
@@ -393,3 +393,31 @@ def route_from_state(state: Mapping[str, Any], caller: str, address: str) -> str
         if f["target"] == address and f["up"].split("->")[0] == region:
             return f["listen"]
     return address
+
+
+def restart_links(state_dir: Path, ready_timeout: float = 30.0) -> dict[str, Any]:
+    """The links process again from its plan (``links-plan.json``: the same forwarder and server addresses), for a
+    supervisor; returns its new state entry (``state["links"]``)."""
+    from . import cluster as local  # cluster imports this module
+
+    state = local.read_state(state_dir)
+    info = state.get("links")
+    if not info:
+        raise ProcessError(f"no links process in {state_dir}")
+    if pid_alive(info["pid"]):
+        raise ProcessError(f"links is running (pid {info['pid']})")
+    plan_file = Path(state_dir) / "links-plan.json"
+    plan = json.loads(plan_file.read_text())
+    Path(plan["ready_file"]).parent.mkdir(parents=True, exist_ok=True)
+    proc = ManagedProcess(
+        "links",
+        [sys.executable, "-m", "rollart.netem.links", str(plan_file)],
+        log_path=Path(info["log"]),
+        ready_file=Path(plan["ready_file"]),
+    ).start()
+    proc.wait_ready(ready_timeout)
+    info = dict(info, pid=proc.pid, restarts=int(info.get("restarts", 0)) + 1)
+    state = local.read_state(state_dir)
+    state["links"] = info
+    local.write_state(state_dir, state)
+    return info

@@ -75,3 +75,37 @@ def test_directions_and_shared_capacity(tmp_path: Path):
     assert up == 1 + 400_001 + 2 * 200_001 and counters["links"]["b->a"]["bytes"] == up
     assert down == 1 + 401 + 2 * 201 and counters["links"]["a->b"]["bytes"] == down
     assert counters["forwarders"]["b>x0"]["connections"] == 3 and counters["forwarders"]["b>x1"]["connections"] == 1
+
+
+def test_restart_links_from_its_plan(tmp_path: Path):
+    """A dead links process started again on the same forwarder addresses; a live one is not started twice."""
+    import socket
+    import subprocess
+    import sys
+
+    from rollart.local import cluster as local
+    from rollart.local.processes import ProcessError, free_port, stop_pid
+    from rollart.local.regions import restart_links
+
+    listen = f"127.0.2.2:{free_port('127.0.2.2')}"
+    plan = {
+        "links": {"a->b": {"rate_mbps": 8}, "b->a": {"rate_mbps": 8}},
+        "forwarders": [{"name": "b>x", "listen": listen, "target": "127.0.1.1:9", "up": "b->a", "down": "a->b"}],
+        "ready_file": str(tmp_path / "run" / "links.ready"),
+        "counters_file": str(tmp_path / "links.json"),
+    }  # fmt: skip
+    (tmp_path / "links-plan.json").write_text(json.dumps(plan))
+    with pytest.raises(ProcessError, match="no links process"):
+        restart_links(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    local.write_state(tmp_path, {"links": {"pid": dead.pid, "log": str(tmp_path / "links.log")}})
+    info = restart_links(tmp_path)
+    try:
+        assert info["restarts"] == 1 and local.read_state(tmp_path)["links"]["pid"] == info["pid"]
+        host, port = listen.rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=2).close()  # the same address listens again
+        with pytest.raises(ProcessError, match="is running"):
+            restart_links(tmp_path)
+    finally:
+        assert stop_pid(info["pid"])
