@@ -1,15 +1,30 @@
-"""The FrozenLake job with its regions apart (examples/geo.yaml) against the same job in one region: samples/s,
-step time and weight transfer exposed per step, one row per mode.
+"""The FrozenLake job with its regions apart (examples/geo.yaml) against the same job in one region and against
+full-weight broadcast through the same link: samples/s, step time and weight transfer exposed per step, one row
+per mode, with ratios side by side.
 
-Each row is a real `rollart run` of examples/geo.yaml for ``--steps`` steps: ``ideal`` with ``cluster.regions``
-removed (one loopback region, no link), ``rollart`` as the file says (deltas through the relay across the
-emulated link; ``--rate-mbps`` overrides the link's rate both ways). Medians over steps 3..N:
-``step_seconds``; ``samples_per_second`` = batch size / step_seconds; ``transfer_exposed_seconds`` = the step's
-update phase (the trainer waits for the actors to stage and commit the new version: what the weight transfer
-adds to the step). The full-checkpoint baselines are not rows: ``weight_sync: full_checkpoint`` loads
-checkpoints from the shared file system here, not through the link (docs/regions.md).
+Each row is a real `rollart run` of examples/geo.yaml for ``--steps`` steps:
 
-    python -m bench geo --steps 6 --json bench/results/geo-smoke.json
+- ``ideal``: ``cluster.regions`` removed (one loopback region, no link);
+- ``rollart``: as the file says (sparse deltas through the relay across the emulated link);
+- ``full-lag1/2/4``: ``weight_sync: full_checkpoint`` with ``alpha`` 1/2/4: every actor GETs the whole checkpoint
+  of each version from the file server in the trainer's region, through the link (docs/regions.md).
+
+``--rate-mbps`` overrides the link's rate both ways (rows then carry ``reference: false``). Medians over steps
+3..N: ``step_seconds``; ``samples_per_second`` = batch size / step_seconds; ``transfer_exposed_seconds`` = the
+step's update phase (the trainer waits for the actors to stage/load and commit the new version: what the weight
+transfer adds to the step); ``generation_seconds``, ``train_seconds``. ``ratio_to_ideal`` = samples/s over the
+ideal row's; ``rollart_speedup`` (on full rows) = the rollart row's samples/s over the row's.
+
+The regime (the seed's ratio, issue 26): full weights take ~2.8x a step's generation window (16 GB at 1 Gbit/s =
+128 s against 45 s). Here the tiny model's full weights are 1,052,984 bytes (bf16 safetensors) and a step's
+generation window on this 2-core machine is ~5 s, so the link runs at 0.6 Mbit/s: 1,052,984 x 8 / 0.6e6 = 14.0 s
+= 2.8 x 5 s. Each row also reports what it measured: ``full_bytes``, ``full_transfer_seconds`` (full_bytes at the
+link's rate) over the ideal row's ``generation_seconds`` (``window_ratio``), and for the rollart row the per-step
+delta density ``delta_bytes_per_step`` / ``full_bytes`` (``delta_density``, from the trainer's "version
+published" log lines). The learning rate is examples/geo.yaml's (5e-4, a tiny model on a narrow task): its
+updates touch far more bf16 entries than the seed's 1.3%; the density is reported, not tuned.
+
+    python -m bench geo --steps 6 --configs ideal,rollart,full-lag1,full-lag4 --json bench/results/geo-smoke.json
 """
 
 from __future__ import annotations
@@ -44,6 +59,48 @@ def medians(metrics: Path, first: int = 3) -> dict[str, float]:
     }
 
 
+CONFIGS = ("ideal", "rollart", "full-lag1", "full-lag2", "full-lag4")
+
+
+def config_sets(config: str, links: dict[str, Any], rate_mbps: float | None) -> tuple[list[str], float | None]:
+    """The job file's overrides of one row, and its link rate (None: no link)."""
+    if config not in CONFIGS:
+        raise ValueError(f"unknown config {config!r} ({', '.join(CONFIGS)})")
+    if config == "ideal":
+        return ["cluster.regions=null"], None
+    sets: list[str] = []
+    link_mbps = min(float(v["rate_mbps"]) for v in links.values())
+    if rate_mbps:
+        sets += [f"cluster.regions.links.{k}.rate_mbps={rate_mbps}" for k in links]
+        link_mbps = rate_mbps
+    if config.startswith("full-lag"):
+        sets += ["job.publish.weight_sync=full_checkpoint", f"job.alpha={int(config.removeprefix('full-lag'))}"]
+    return sets, link_mbps
+
+
+def published_delta_bytes(out: Path) -> list[int]:
+    """delta_bytes of each version the trainer published (its JSON log's "version published" lines)."""
+    log = out / "cluster" / "logs" / "trainer.log"
+    sizes = []
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if '"version published"' in line:
+            try:
+                sizes.append(int(json.loads(line)["delta_bytes"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+    return sizes
+
+
+def full_bytes(out: Path, model_dir: str | None) -> int | None:
+    """Bytes of the full weights: a checkpoint the run committed, else the model's safetensors."""
+    for manifest in sorted((out / "cluster" / "weights").glob("v*/manifest.json")):
+        return int(json.loads(manifest.read_text())["size"])
+    for root in [Path(model_dir)] if model_dir else [out]:
+        for f in sorted(root.rglob("model.safetensors")):
+            return f.stat().st_size
+    return None
+
+
 def run_mode(
     config: str, out: Path, steps: int, model_dir: str | None, rate_mbps: float | None, timeout: float
 ) -> dict[str, Any]:
@@ -51,14 +108,8 @@ def run_mode(
     if model_dir:
         sets.append(f"model.dir={model_dir}")
     job = yaml.safe_load(JOB.read_text())
-    links = job["cluster"]["regions"]["links"]
-    link_mbps: float | None = min(float(v["rate_mbps"]) for v in links.values())
-    if config == "ideal":
-        sets.append("cluster.regions=null")
-        link_mbps = None
-    elif rate_mbps:
-        sets += [f"cluster.regions.links.{k}.rate_mbps={rate_mbps}" for k in links]
-        link_mbps = rate_mbps
+    more, link_mbps = config_sets(config, job["cluster"]["regions"]["links"], rate_mbps)
+    sets += more
     argv = [str(Path(sys.executable).parent / "rollart"), "run", str(JOB), "--out", str(out), "--quiet"]
     argv += ["--timeout", str(timeout)]
     for s in sets:
@@ -84,7 +135,17 @@ def run_mode(
         "wall_seconds": wall,
         "reward_last10": summary.get("reward_last10"),
         "state": summary.get("state"),
+        "reference": not rate_mbps,  # run at the seed's ratio (examples/geo.yaml's link)
     }
+    size = full_bytes(out, model_dir)
+    row["full_bytes"] = size
+    if size and link_mbps:
+        row["full_transfer_seconds"] = size * 8 / (link_mbps * 1e6)
+    deltas = published_delta_bytes(out)
+    if config != "ideal" and not config.startswith("full") and deltas:
+        row["delta_bytes_per_step"] = statistics.median(deltas)
+        if size:
+            row["delta_density"] = row["delta_bytes_per_step"] / size
     links_seen = summary.get("links")
     if links_seen:
         row["link_bytes"] = {k: v["bytes"] for k, v in links_seen["links"].items()}
@@ -93,13 +154,51 @@ def run_mode(
             for k, v in links_seen["forwarders"].items()
             if v["bytes_up"] or v["bytes_down"]
         }
+        ckpt = [v["bytes_down"] for k, v in links_seen["forwarders"].items() if k.endswith(">checkpoints")]
+        if ckpt:
+            row["checkpoint_link_bytes"] = sum(ckpt)
     return row
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """ratio_to_ideal on every row; rollart_speedup (rollart's samples/s over the row's) on the full rows; the
+    full transfer over the ideal generation window (window_ratio)."""
+    by = {r["config"]: r for r in rows}
+    ideal, rollart = by.get("ideal"), by.get("rollart")
+    for r in rows:
+        if ideal:
+            r["ratio_to_ideal"] = r["samples_per_second"] / ideal["samples_per_second"]
+            if r.get("full_transfer_seconds") and ideal["generation_seconds"]:
+                r["window_ratio"] = r["full_transfer_seconds"] / ideal["generation_seconds"]
+        if rollart and r["config"].startswith("full"):
+            r["rollart_speedup"] = rollart["samples_per_second"] / r["samples_per_second"]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    cols = [
+        ("config", "{}"), ("link_mbps", "{}"), ("samples_per_second", "{:.2f}"), ("step_seconds", "{:.2f}"),
+        ("transfer_exposed_seconds", "{:.2f}"), ("generation_seconds", "{:.2f}"), ("ratio_to_ideal", "{:.3f}"),
+        ("rollart_speedup", "{:.2f}"), ("delta_density", "{:.3f}"), ("window_ratio", "{:.2f}"),
+    ]  # fmt: skip
+    lines = ["  ".join(f"{c:>12}" if c != "config" else f"{c:<10}" for c, _ in cols)]
+    for r in rows:
+        cells = []
+        for c, fmt in cols:
+            v = r.get(c)
+            text = "-" if v is None else fmt.format(v)
+            cells.append(f"{text:<10}" if c == "config" else f"{text:>12}")
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench geo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=6, help="steps per run (medians over steps 3..N)")
-    ap.add_argument("--configs", default="ideal,rollart", help="rows to run, comma-separated: ideal, rollart")
+    ap.add_argument(
+        "--configs",
+        default="ideal,rollart,full-lag1,full-lag4",
+        help=f"rows to run, comma-separated: {', '.join(CONFIGS)}",
+    )
     ap.add_argument("--rate-mbps", type=float, help="the link's rate both ways (default: examples/geo.yaml's)")
     ap.add_argument("--model-dir", help="model.dir for every run (a built warm start is reused by recipe)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it is stopped")
@@ -107,12 +206,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the rows here")
     a = ap.parse_args(argv)
     rows = []
-    for config in a.configs.split(","):
-        if config not in ("ideal", "rollart"):
-            ap.error(f"--configs: unknown config {config!r} (ideal, rollart)")
+    configs = a.configs.split(",")
+    for config in configs:
+        if config not in CONFIGS:
+            ap.error(f"--configs: unknown config {config!r} ({', '.join(CONFIGS)})")
+    for config in configs:
         row = run_mode(config, a.out.resolve() / config, a.steps, a.model_dir, a.rate_mbps, a.timeout)
         print(json.dumps(row), flush=True)
         rows.append(row)
+    add_ratios(rows)
+    print(table(rows))
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(rows, indent=2) + "\n")
