@@ -112,6 +112,13 @@ def _objective(g: T.GrpoConfig, spec: T.TrainerJobSpec) -> None:
         raise errors.InvalidArgument(
             p + "dynamic_sampling", f"needs groups of at least 2 samples (group_size is {spec.group_size})"
         )
+    if o.dynamic_sampling and len(spec.tasks) > 1:
+        # the prompt feed lays groups out by share, so it cannot replace the filtered groups of one task
+        raise errors.InvalidArgument(
+            p + "dynamic_sampling",
+            "not available for multi-task jobs (spec.tasks): the prompt pool is topped up by share, not per task,"
+            " so a task whose groups are filtered most would run out of prompts",
+        )
     if o.dynamic_sampling and 0 < g.max_groups_per_batch < groups:
         # the ledger filters a group only while the bound leaves room for the whole batch: it would filter nothing
         raise errors.InvalidArgument(

@@ -89,6 +89,13 @@ def test_dynamic_sampling_is_accepted(model_dir: Path) -> None:
     check_spec(spec(model_dir, grpo={"max_groups_per_batch": 1}))  # without dynamic sampling: unused
 
 
+def test_dynamic_sampling_in_a_multi_task_job_is_refused(model_dir: Path) -> None:
+    two = [{"task": "a", "environment": "env-a", "seed": 1}, {"task": "b", "environment": "env-b", "seed": 2}]
+    err = refusal(spec(model_dir, tasks=two, grpo={"dynamic_sampling": True}))
+    assert err.field == "spec.grpo.dynamic_sampling" and "multi-task" in err.details()
+    check_spec(spec(model_dir, tasks=two))  # the job itself is fine
+
+
 def test_dynamic_sampling_with_groups_of_one_is_refused(model_dir: Path) -> None:
     err = refusal(spec(model_dir, group_size=1, grpo={"dynamic_sampling": True}))
     assert err.field == "spec.grpo.dynamic_sampling" and "at least 2 samples" in err.details()
