@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from rollart.cli import tls as cli_tls
+from rollart.job.metrics import FATES
 from rollart.local import cluster as local
 from rollart.runtime.auth import bearer
 
@@ -181,7 +182,7 @@ def render(st: Any) -> str:
     )
     lines.append(f"SETTLED  admitted {s.admitted}  duplicates {s.duplicates}  rejected: {rejected or 'none'}")
     a = st.accounting
-    fates = ("trained", "evicted", "cancelled", "rejected", "failed")
+    fates = FATES
     generated = sum(getattr(a, f).tokens for f in fates)
     lines.append(
         "GENERATED  "

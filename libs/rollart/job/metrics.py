@@ -86,7 +86,7 @@ def from_record(d: dict[str, Any]) -> trainer_pb2.StepMetrics:
     return m
 
 
-FATES = ("trained", "evicted", "cancelled", "rejected", "failed")
+FATES = ("trained", "evicted", "cancelled", "rejected", "failed", "filtered")
 
 
 def wasted_fraction(acc: Any) -> float:

@@ -26,9 +26,11 @@ from pathlib import Path
 from . import cluster as local
 from .mooncake import MooncakeMaster
 from .processes import ProcessError, pid_alive, start_redis
+from .regions import restart_links
 
-#: Processes that are not services of the cluster's state but are supervised all the same.
-STORES = ("redis", "mooncake")
+#: Processes that are not services of the cluster's state but are supervised all the same (``links``: the
+#: emulated inter-region links and the checkpoint file server of a job with ``cluster.regions``).
+STORES = ("redis", "mooncake", "links")
 
 
 @dataclass
@@ -120,6 +122,8 @@ def restart_process(state_dir: Path, name: str, ready_timeout: float = 180.0) ->
         return restart_redis(state_dir)
     if name == "mooncake":
         return restart_mooncake(state_dir)
+    if name == "links":
+        return restart_links(state_dir, ready_timeout=min(ready_timeout, 60.0))
     return local.restart(state_dir, name, ready_timeout=ready_timeout)
 
 
