@@ -71,6 +71,8 @@ BUCKET_PULL_SECONDS = Counter(
 BUCKET_PULL_HIDDEN = Gauge(
     "rollart_actor_bucket_pull_hidden_ratio", "Fraction of the last applied bucket pull hidden behind rollout"
 )
+# The active version (the Grafana panel's per-actor version: the target's instance_name tells the actors apart).
+WEIGHT_VERSION = Gauge("rollart_actor_weight_version", "Version of the weights the engine serves (the host copy's)")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -171,6 +173,7 @@ class WeightManager:
         self.engine = engine
         self.work_dir = Path(work_dir)
         self.commit_timeout = commit_timeout  # how long a commit waits for a relay's deltas
+        WEIGHT_VERSION.set_function(lambda: self.host.version)  # read at each scrape: never stale
         self.lock = asyncio.Lock()
         self.orders: collections.OrderedDict[str, Outcome] = collections.OrderedDict()
         self.last_update: actor_pb2.WeightUpdateResult | None = None

@@ -135,3 +135,36 @@ def test_compose_profile_runs_prometheus_with_the_rules():
     hosts = {t.split(":")[0] for sc in scraped["scrape_configs"] for g in sc["static_configs"] for t in g["targets"]}
     services = {n for n, s in compose["services"].items() if n not in ("redis", "model", "prometheus")}
     assert hosts == services
+
+
+@needs_promtool
+def test_actor_weight_version_behind_rule_counts_versions_behind_the_newest(tmp_path: Path):
+    """promtool evaluates the recording rule on two actors (v5 and v3, then both v6): 0 and 2 behind, then 0."""
+    shutil.copyfile(PROM / "rules.yml", tmp_path / "rules.yml")
+    series = '{__name__="rollart_actor_weight_version", component="actor", instance_name="%s"}'
+    spec = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": series % "actor", "values": "5 5 6"},
+                {"series": series % "actor-2", "values": "3 3 6"},
+            ],
+            "promql_expr_test": [
+                {"expr": "rollart:actor_weight_version:behind", "eval_time": "1m", "exp_samples": [
+                    {"labels": 'rollart:actor_weight_version:behind{instance_name="actor"}', "value": 0},
+                    {"labels": 'rollart:actor_weight_version:behind{instance_name="actor-2"}', "value": 2},
+                ]},
+                {"expr": "rollart:actor_weight_version:behind", "eval_time": "2m", "exp_samples": [
+                    {"labels": 'rollart:actor_weight_version:behind{instance_name="actor"}', "value": 0},
+                    {"labels": 'rollart:actor_weight_version:behind{instance_name="actor-2"}', "value": 0},
+                ]},
+            ],
+        }],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(spec))
+    assert promtool is not None
+    out = subprocess.run([promtool, "test", "rules", str(tmp_path / "test.yml")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "SUCCESS" in out.stdout + out.stderr, out.stdout + out.stderr
