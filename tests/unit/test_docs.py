@@ -2,8 +2,9 @@
 
 The design lives in docs/architecture.md (the map) and one docs/*.md page per topic. These tests fail when a file
 sends the reader outside the repository (a clone has nothing else), when a relative link in README.md,
-CONTRIBUTING.md or docs/*.md names a file or heading that does not exist, when the map outgrows its budget, and
-when a page other than its owner retells the step protocol.
+CONTRIBUTING.md or docs/*.md names a file or heading that does not exist, when the map outgrows its budget, when
+docs/*.md outgrow 120 KiB in all or 24 KiB in one page, and when a page other than its owner retells the step
+protocol.
 """
 
 from __future__ import annotations
@@ -101,8 +102,22 @@ def documentation() -> list[Path]:
 
 # The map stays a map (bytes): what each service owns and who calls whom, not the topics themselves.
 ARCHITECTURE_BUDGET = 16 * 1024
+# docs/*.md read in a day (bytes): all pages together, and any one page (a spec included).
+DOCS_BUDGET = 120 * 1024
+PAGE_BUDGET = 24 * 1024
 # The step protocol has one owner page; other pages link to it.
 STEP_PROTOCOL_OWNER = "trainer.md"
+
+
+def over_budget(pages: list[Path], total_budget: int = DOCS_BUDGET, page_budget: int = PAGE_BUDGET) -> list[str]:
+    """What breaks the docs budget, naming the biggest pages (where to cut) in either case."""
+    sizes = sorted(((p.stat().st_size, p.name) for p in pages), reverse=True)
+    biggest = ", ".join(f"{name} {size}" for size, name in sizes[:5])
+    problems = [f"{name} is {size} bytes, over {page_budget}" for size, name in sizes if size > page_budget]
+    total = sum(size for size, _ in sizes)
+    if total > total_budget:
+        problems.append(f"docs/*.md total {total} bytes, over {total_budget}")
+    return [f"{p} (biggest pages: {biggest}; link, do not retell)" for p in problems]
 
 
 def headings_about(markdown: str, words: str) -> list[str]:
@@ -126,6 +141,11 @@ def test_relative_links_resolve(doc: Path):
 def test_architecture_stays_a_map():
     size = (REPO / "docs" / "architecture.md").stat().st_size
     assert size <= ARCHITECTURE_BUDGET, f"docs/architecture.md is {size} bytes, over {ARCHITECTURE_BUDGET}: link, do not retell"
+
+
+def test_docs_stay_within_their_budget():
+    problems = over_budget(sorted((REPO / "docs").glob("*.md")))
+    assert not problems, "\n".join(problems)
 
 
 def test_the_step_protocol_is_written_once():
@@ -162,6 +182,19 @@ def test_checker_finds_foreign_references_and_broken_links(tmp_path: Path):
         "README.md: (docs/gone.md): no such file",
         "README.md: (docs/a.md#nope): no heading #nope in a.md",
         "README.md: (docs/missing.md): no such file",
+    ]
+
+
+def test_budget_check_names_the_biggest_pages(tmp_path: Path):
+    for name, size in [("small.md", 10), ("big.md", 30), ("mid.md", 20)]:
+        (tmp_path / name).write_bytes(b"x" * size)
+    pages = sorted(tmp_path.glob("*.md"))
+    assert over_budget(pages, total_budget=60, page_budget=30) == []
+    assert over_budget(pages, total_budget=59, page_budget=30) == [
+        "docs/*.md total 60 bytes, over 59 (biggest pages: big.md 30, mid.md 20, small.md 10; link, do not retell)"
+    ]
+    assert over_budget(pages, total_budget=60, page_budget=29) == [
+        "big.md is 30 bytes, over 29 (biggest pages: big.md 30, mid.md 20, small.md 10; link, do not retell)"
     ]
 
 
