@@ -12,7 +12,9 @@ A job file (``examples/*.yaml``) has these top-level sections:
   (a RewardSpec), ``envmanager`` (the instance that serves it: ``envmanager``, ``envmanager-2``, ...) and
   ``affinity`` (``auto`` or an AffinityRule's fields: ``pool``, ``pool_kind``, ``hardware_tags``,
   ``allow_fallback``). See :func:`job_tasks`.
-- ``model``: how ``rollart run`` prepares the model when ``job.model`` is ``tiny`` (see rollart.job.run).
+- ``model``: how ``rollart run`` prepares the model when ``job.model`` is ``tiny`` (see rollart.job.run), and
+  ``model.lora`` (LoRA training: rank, alpha, dropout, target_modules, trainable_modules), copied into
+  ``job.lora`` when the file is loaded (:func:`sync_lora`).
 - ``cluster`` and ``run``: processes and output of ``rollart run``.
 - ``eval``: validation during training on held-out prompts, checked at load to be disjoint from the training's
   (rollart.job.evaluation).
@@ -162,6 +164,45 @@ def job_spec(data: Mapping[str, Any]) -> trainer_pb2.TrainerJobSpec:
     return spec
 
 
+LORA_KEYS = ("rank", "alpha", "dropout", "target_modules", "trainable_modules")
+
+
+def model_lora(data: Mapping[str, Any]) -> trainer_pb2.LoraConfig | None:
+    """The job file's ``model.lora`` (LoRA training, docs/lora.md) as the ``LoraConfig`` the trainer's
+    ``job.lora`` gets, or None (a full-weight job). A bad key or value is a ``SpecError`` naming
+    ``model.lora.<key>``; the trainer's StartJob checks the module names against the model."""
+    model = data.get("model")
+    raw = model.get("lora") if isinstance(model, Mapping) else None
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"model.lora: expected a mapping ({', '.join(LORA_KEYS)}), got {raw!r}")
+    cfg: trainer_pb2.LoraConfig = to_message(trainer_pb2.LoraConfig, raw, "model.lora")  # type: ignore[assignment]
+    if not 1 <= cfg.rank <= 256:
+        raise SpecError(f"model.lora.rank: expected an integer in [1, 256], got {raw.get('rank')!r}")
+    if not math.isfinite(cfg.alpha) or cfg.alpha <= 0:
+        raise SpecError(f"model.lora.alpha: expected a number > 0, got {raw.get('alpha')!r}")
+    if not math.isfinite(cfg.dropout) or not 0 <= cfg.dropout < 1:
+        raise SpecError(f"model.lora.dropout: expected a number in [0, 1), got {raw.get('dropout')!r}")
+    return cfg
+
+
+def sync_lora(data: dict[str, Any]) -> None:
+    """Copy the job file's ``model.lora`` into ``job.lora`` (what the trainer reads), or refuse a ``job.lora``
+    that says otherwise: LoRA is set once, under ``model``."""
+    cfg = model_lora(data)
+    if cfg is None:
+        return
+    job = data.get("job")
+    if not isinstance(job, dict):
+        return  # load_job_file/job_spec report a missing or malformed job section
+    given = job.get("lora")
+    settings = json_format.MessageToDict(cfg, preserving_proto_field_name=True)
+    if given is not None and (not isinstance(given, Mapping) or job_spec({"lora": given}).lora != cfg):
+        raise SpecError("job.lora: differs from model.lora (set LoRA once, in model.lora)")
+    job["lora"] = settings
+
+
 def environment_spec(data: Mapping[str, Any]) -> envmanager_pb2.EnvironmentSpec:
     env: envmanager_pb2.EnvironmentSpec = to_message(envmanager_pb2.EnvironmentSpec, data, "environment")  # type: ignore[assignment]
     check_training_sampling(env.sampling, "environment.sampling")
@@ -184,6 +225,7 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
         raise SpecError(f"{p}: unknown section(s) {sorted(unknown)}")
     if "job" not in data:
         raise SpecError(f"{p}: the job section is required")
+    sync_lora(data)
     return data
 
 
@@ -565,6 +607,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         if parts[0] == "tasks":
             _set_task_field(data, key, parts, value)
             continue
+        if parts[:2] == ["model", "lora"] and isinstance(data.get("job"), dict):
+            data["job"].pop("lora", None)  # the copy of model.lora: made again below from the new value
         if len(parts) == 1:
             data[parts[0]] = value
             continue
@@ -577,6 +621,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         _set_field(section, desc, parts[1:], value, key)  # type: ignore[arg-type]
     if overrides:
         try:
+            sync_lora(data)
             job_spec(data.get("job") or {})
             environment_spec(data.get("environment") or {})
             if any(o.partition("=")[0].strip().startswith("tasks.") for o in overrides):

@@ -11,15 +11,31 @@ from typing import Any
 
 from .fsdp import FSDP2Backend
 from .grpo import GrpoSettings, TorchBackend, TrainBackend
+from .lora import LoraSettings
 
 
 def make_backend(
-    kind: str, model_path: Any, settings: GrpoSettings | None = None, device: str | None = None, **kwargs: Any
+    kind: str,
+    model_path: Any,
+    settings: GrpoSettings | None = None,
+    device: str | None = None,
+    *,
+    lora: LoraSettings | None = None,
+    seed: int = 0,
+    **kwargs: Any,
 ) -> TrainBackend:
     """``kind``: "torch" (CPU or one GPU), "fsdp2" (torchrun; one GPU per rank) or "megatron" (Megatron-core;
-    ``tensor_parallel_size``/``pipeline_parallel_size`` in ``kwargs``)."""
+    ``tensor_parallel_size``/``pipeline_parallel_size`` in ``kwargs``). ``lora``: train a LoRA adapter on the
+    frozen model (torch only; ``seed`` draws the adapter's initial lora_A)."""
     kind = (kind or "torch").lower()
-    if kind in ("torch", "trainer_backend_torch", "trainer_backend_unspecified"):
+    torch_kind = kind in ("torch", "trainer_backend_torch", "trainer_backend_unspecified")
+    if lora is not None and not torch_kind:
+        raise ValueError(f"spec.lora: LoRA trains on the torch backend only, not {kind!r}")
+    if lora is not None:
+        from .lora_backend import LoraBackend
+
+        return LoraBackend.from_pretrained(model_path, settings, device=device or "auto", lora=lora, seed=seed)
+    if torch_kind:
         return TorchBackend.from_pretrained(model_path, settings, device=device or "auto")
     if kind in ("fsdp2", "trainer_backend_fsdp2"):
         return FSDP2Backend.from_pretrained(model_path, settings, device=device, **kwargs)

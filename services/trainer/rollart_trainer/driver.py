@@ -523,4 +523,9 @@ def _make_backend(spec: T.TrainerJobSpec, torch_threads: int = 1) -> Any:
             {"kind": kind, "model_path": spec.model, "settings": settings, "device": spec.device or None, **parallel},
             torch_threads=torch_threads,
         )
+    from .lora import settings_of
+
+    lora = settings_of(spec)
+    if lora is not None:  # StartJob refused LoRA on the other backends (spec.lora)
+        return make_backend(kind, spec.model, settings, device=spec.device or None, lora=lora, seed=spec.seed)
     return make_backend(kind, spec.model, settings, device=spec.device or None, **parallel)

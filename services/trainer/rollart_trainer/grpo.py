@@ -388,8 +388,7 @@ class TorchBackend(TrainBackend):
         self.policy = policy
         self.settings = settings or GrpoSettings()
         self.device = policy.device
-        # The reference is the policy as loaded (before any checkpoint is restored into it).
-        ref = copy.deepcopy(policy.model).eval().requires_grad_(False) if self.settings.kl_coef > 0 else None
+        ref = self._reference_copy()
         self.net: nn.Module = self._setup(TokenLogprobs(policy.model), trainable=True)
         self.reference: nn.Module | None = None if ref is None else self._setup(TokenLogprobs(ref), trainable=False)
         self.optimizer = self._make_optimizer(self._named_trainable())
@@ -402,6 +401,13 @@ class TorchBackend(TrainBackend):
         return cls(Policy.load(path, device=device), settings)
 
     # ----------------------------------------------------------------------------------- set-up hooks
+
+    def _reference_copy(self) -> nn.Module | None:
+        """The KL reference: the policy as loaded (before any checkpoint is restored into it), a copy; None
+        without a KL term. A LoRA backend has none: its reference is the base with the adapter disabled."""
+        if self.settings.kl_coef <= 0:
+            return None
+        return copy.deepcopy(self.policy.model).eval().requires_grad_(False)
 
     def _setup(self, net: TokenLogprobs, trainable: bool) -> nn.Module:
         """Place a model for computation (the FSDP2 backend shards it here)."""

@@ -333,6 +333,9 @@ def check_spec(spec: T.TrainerJobSpec) -> None:
     v.path("spec.metrics_path", spec.metrics_path)
     v.mapping("spec.options", spec.options, 256)
     _parallel(spec)
+    from .lora import check_lora
+
+    check_lora(spec)  # spec.lora (LoRA jobs): rank, alpha, dropout, module names against the model, backend
     # The GRPO settings as the backend will build them (options such as grpo.temperature included).
     from .grpo import GrpoSettings
 
