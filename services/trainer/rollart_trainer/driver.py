@@ -507,7 +507,7 @@ def _make_backend(spec: T.TrainerJobSpec, torch_threads: int = 1) -> Any:
 
     settings = GrpoSettings.from_job_spec(spec)
     kind = T.TrainerBackend.Name(spec.backend or T.TRAINER_BACKEND_TORCH)
-    parallel: dict[str, int] = {}
+    parallel: dict[str, Any] = {}
     if kind == "TRAINER_BACKEND_MEGATRON":
         parallel = {
             "tensor_parallel_size": spec.parallel.tensor_parallel_size or 1,

@@ -57,7 +57,7 @@ class LoraSettings:
 
         return LoraConfig(
             r=self.rank,
-            lora_alpha=self.alpha,
+            lora_alpha=self.alpha,  # type: ignore[arg-type]  # typed int; peft and vLLM scale by alpha / r
             lora_dropout=self.dropout,
             target_modules=list(self.target_modules),
             modules_to_save=list(self.trainable_modules) or None,
