@@ -59,6 +59,47 @@ class WeightSourceConfig(StrictModel):
         return [_check_address(v) for v in value]
 
 
+# The attention and MLP projections of Llama/Qwen-style decoders (the trainer's default target_modules).
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class ActorLoraConfig(StrictModel):
+    """A LoRA job's adapter settings (the job file's ``model.lora``): the actor serves base + adapter versions."""
+
+    rank: int = Field(..., ge=1, le=256)
+    alpha: float = Field(..., gt=0, le=1e6)
+    # Training only (the actor accepts and ignores it).
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(LORA_TARGETS, min_length=1, max_length=64)
+    # Modules trained in full besides the adapter: not servable through vLLM's LoRA, so refused here.
+    trainable_modules: list[str] = Field([], max_length=0)
+    # The adapter tensor set of `weight_version` (peft names + rollart.base_hash; a file or folder of
+    # .safetensors). None: until the first version arrives from weight_source.checkpoint_store the actor serves
+    # the base, which is what version 0 (lora_B = 0) computes.
+    adapter: str | None = None
+    # h(v0) of the base's full weights, hex; None: computed from `model` at start.
+    base_hash: str | None = None
+    # Adapters the engine holds at once (the active version and those in-flight requests still use).
+    max_loras: int = Field(3, ge=2, le=16)
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets(cls, value: list[str]) -> list[str]:
+        for i, name in enumerate(value):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]{0,127}", name):
+                raise ValueError(f"target_modules[{i}] {name!r}: a module name (A-Za-z0-9_.)")
+        return value
+
+    @field_validator("base_hash")
+    @classmethod
+    def _bh(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+            raise ValueError("base_hash must be 64 hex digits")
+        return value.lower()
+
+
 class ActorConfig(WeightPlaneConfig):
     # Largest request accepted, in bytes (16 MiB):
     # StageDelta segments (<= max_segment_bytes) and Generate prompts of a long context.
@@ -75,6 +116,8 @@ class ActorConfig(WeightPlaneConfig):
     # Version and h(v) of the weights in `model` (a trainer's version-0 export, or a later full checkpoint).
     weight_version: int = Field(0, ge=0)
     weight_hash: str | None = None
+    # LoRA job: serve `model` as the base with the job's adapter versions (None: a full-weight job).
+    lora: ActorLoraConfig | None = None
 
     # ---- identity and placement ----
     # Stable id (default: actor-<host>-<port> of the bound address).

@@ -88,6 +88,9 @@ class Track:
     cached_tokens: int = 0
     kv_transfer_params: dict[str, Any] | None = None
     paused_at_start: bool = False
+    # LoRA mode: the adapter version the request runs with from admission to its end (its LoRARequest).
+    lora_version: int | None = None
+    lora: Any = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
 
@@ -229,6 +232,10 @@ class ActorEngine:
         self._update_since = 0.0
         self._pause_began = 0.0
         self.ready = False
+        # LoRA mode (cfg.lora): the LoRARequest new requests carry, and every adapter version the engine holds.
+        self.active_lora: Any = None
+        self.loras: dict[int, Any] = {}
+        self._pruning: asyncio.Task | None = None
 
     # ---------------------------------------------------------------------------------------------- lifecycle
 
@@ -271,6 +278,11 @@ class ActorEngine:
             from vllm.config import KVTransferConfig
 
             kwargs["kv_transfer_config"] = KVTransferConfig(**cfg.kv_transfer_config)
+        if cfg.lora is not None:
+            kwargs["enable_lora"] = True
+            kwargs["max_lora_rank"] = next(r for r in (1, 8, 16, 32, 64, 128, 256) if r >= cfg.lora.rank)
+            kwargs["max_loras"] = cfg.lora.max_loras
+            kwargs["max_cpu_loras"] = cfg.lora.max_loras
         kwargs.update(cfg.engine_args)
         args = AsyncEngineArgs(**{k: v for k, v in kwargs.items() if v is not None})
         self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[self.stats.factory()])
@@ -391,6 +403,8 @@ class ActorEngine:
         if self.errored:
             raise EngineError("UNAVAILABLE", "the inference engine is not running")
         track.admitted = time.monotonic()
+        if self.cfg.lora is not None:  # the request keeps its adapter version to its end (no re-prefill)
+            track.lora_version, track.lora = self.version, self.active_lora
         self.prompt_total += len(track.prompt_ids)
         track.task = asyncio.create_task(self._pump(track, params, priority), name=f"pump-{track.request_id}")
 
@@ -400,7 +414,11 @@ class ActorEngine:
 
         try:
             async for out in self.llm.generate(
-                {"prompt_token_ids": track.prompt_ids}, params, request_id=track.request_id, priority=priority
+                {"prompt_token_ids": track.prompt_ids},
+                params,
+                request_id=track.request_id,
+                priority=priority,
+                lora_request=track.lora,
             ):
                 comp = out.outputs[0]
                 ids = comp.token_ids
@@ -411,7 +429,8 @@ class ActorEngine:
                         track.first_token_at = now
                     track.last_token_at = now
                     track.tokens.extend(ids)
-                    track.versions.extend([self.version] * n)
+                    v = self.version if track.lora_version is None else track.lora_version
+                    track.versions.extend([v] * n)
                     lps = comp.logprobs
                     if lps is not None:
                         if isinstance(lps, FlatLogprobs) and len(lps.logprobs) == n:
@@ -448,6 +467,8 @@ class ActorEngine:
                 if track.error is None:
                     track.error = EngineError("UNAVAILABLE", "generation ended without a final output")
             track.notify()
+            if track.lora_version is not None and track.lora_version != self.version:
+                self._schedule_prune()
 
     def _count_tokens(self, n: int, now: float) -> None:
         self.generated_total += n
@@ -596,6 +617,10 @@ class ActorEngine:
         Raises EngineError (the engine's weights unchanged) when the worker refuses the payload. ``after_load``
         runs once the engine holds the new weights and before generation resumes (e.g. to commit the host copy).
         """
+        if self.cfg.lora is not None:
+            return await self._switch_adapter(
+                payload, to_version, mode=mode, wait_timeout=wait_timeout, after_load=after_load
+            )
         async with self._control:
             self.updating, self.updating_to = True, to_version
             self._update_since = time.time()
@@ -662,3 +687,96 @@ class ActorEngine:
 
     async def reset_prefix_cache(self) -> bool:
         return bool(await self.llm.reset_prefix_cache())
+
+    # ------------------------------------------------------------------------------------------ LoRA mode
+
+    async def _switch_adapter(
+        self,
+        folder: str,
+        to_version: int,
+        *,
+        mode: str,
+        wait_timeout: float | None,
+        after_load: Callable[[], None] | None,
+    ) -> UpdateStats:
+        """LoRA mode's safe point: register ``folder`` (a peft adapter) as ``to_version`` and make it the adapter
+        new requests carry. Requests in flight keep the version they started with (their tokens stay stamped
+        with it; nothing is re-prefilled); older adapters leave the engine once no request uses them. The base
+        is never reloaded. Raises EngineError (nothing changed) when the engine refuses the adapter."""
+        from vllm.lora.request import LoRARequest
+
+        async with self._control:
+            self.updating, self.updating_to = True, to_version
+            self._update_since = time.time()
+            t_closed = time.monotonic()
+            self._gate.clear()  # admissions wait for the switch (requests in flight go on)
+            from_version = self.version
+            aborted = 0
+            try:
+                if mode == ABORT:
+                    aborted = len(await self.abort([r for r, t in self.tracks.items() if t.task and not t.finished]))
+                elif mode == WAIT:
+                    deadline = None if wait_timeout is None else time.monotonic() + wait_timeout
+                    while any(t.task is not None and not t.finished for t in self.tracks.values()):
+                        if deadline is not None and time.monotonic() >= deadline:
+                            break
+                        await asyncio.sleep(0.01)
+                    t_closed = time.monotonic()  # the wait is not part of the switch
+                t_load = time.monotonic()
+                req = LoRARequest(lora_name=f"v{to_version}", lora_int_id=to_version + 1, lora_path=folder)
+                if to_version in self.loras:  # the same version again (a reload): its old folder's copy goes
+                    await self.llm.remove_lora(to_version + 1)
+                    self.loras.pop(to_version, None)
+                try:
+                    ok = await self.llm.add_lora(req)
+                except Exception as exc:  # noqa: BLE001 - vLLM validates the adapter before it is used
+                    msg = str(exc).replace("Call to collective_rpc method failed: ", "")
+                    raise EngineError("FAILED_PRECONDITION", f"the engine refused the adapter: {msg}") from None
+                if not ok:
+                    raise EngineError("FAILED_PRECONDITION", f"the engine did not load the adapter {folder}")
+                t_loaded = time.monotonic()
+                if after_load is not None:
+                    after_load()
+                self.loras[to_version] = req
+                self.active_lora, self.version = req, to_version
+            finally:
+                if not self.user_pause.paused:
+                    self._gate.set()
+                self.updating = False
+            window = time.monotonic() - t_closed
+        await self._prune_adapters()
+        log.info(
+            "adapter v%d -> v%d: load %.3f s, admissions closed %.3f s",
+            from_version,
+            to_version,
+            t_loaded - t_load,
+            window,
+        )
+        live = sum(1 for t in self.tracks.values() if t.task is not None and not t.finished)
+        return UpdateStats(
+            from_version=from_version,
+            to_version=to_version,
+            requests_recomputed=0,
+            recomputed_tokens=0,
+            prefix_cache_reset=False,
+            pause_window_s=window,
+            load_s=t_loaded - t_load,
+            aborted=aborted,
+            rpc={"tensors": 0, "adapter": folder, "in_flight_kept": live},
+            completed_at=time.time(),
+        )
+
+    def _schedule_prune(self) -> None:
+        if self._pruning is None or self._pruning.done():
+            self._pruning = asyncio.ensure_future(self._prune_adapters())
+
+    async def _prune_adapters(self) -> list[int]:
+        """Remove every adapter version but the active one that no request in flight uses (and its folder)."""
+        used = {t.lora_version for t in self.tracks.values() if not t.finished}
+        gone = [v for v in self.loras if v != self.version and v not in used]
+        for v in gone:
+            req = self.loras.pop(v)
+            with contextlib.suppress(Exception):
+                await self.llm.remove_lora(req.lora_int_id)
+            shutil.rmtree(req.lora_path, ignore_errors=True)
+        return gone

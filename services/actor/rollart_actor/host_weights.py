@@ -86,6 +86,8 @@ class HostWeights:
     # How many recently active versions keep their h(v): enough for any request in flight to have
     # started on one of them (requests cross a handful of versions at most).
     HISTORY = 64
+    writes_adapter = False  # AdapterHost (LoRA jobs): commits write a peft folder, not tensors to reload
+    pending = False  # AdapterHost only: no adapter version loaded yet
 
     def __init__(self, ws: WeightSet, version: int, hash_: bytes | None) -> None:
         self.ws = ws
@@ -99,6 +101,13 @@ class HostWeights:
     def load(cls, path: str | Path, version: int, hash_: bytes | None = None) -> HostWeights:
         ws, _ = load_weight_files(path)
         return cls(ws, version, hash_ if hash_ is not None else ws.applied_hash)
+
+    def like(self, ws: WeightSet, version: int, hash_: bytes | None) -> HostWeights:
+        """A host copy of the same kind holding ``ws`` (a full load's replacement)."""
+        return HostWeights(ws, version, hash_)
+
+    def adapter_dir(self, work_dir: Path, version: int) -> Path:
+        raise NotImplementedError("full weights are written to a file (AdapterHost writes adapter folders)")
 
     @property
     def version(self) -> int:

@@ -107,6 +107,14 @@ def detect_hardware(cfg: ActorConfig, device: str) -> common_pb2.Hardware:
     return common_pb2.Hardware(accelerator=accelerator, count=int(count), memory_gib=round(float(mem), 2), tags=tags)
 
 
+def _adapter_host(cfg: ActorConfig) -> HostWeights:
+    from .adapters import load_adapter_host
+    from .host_weights import load_weight_files
+
+    base, _ = load_weight_files(str(cfg.model))
+    return load_adapter_host(base, cfg)
+
+
 class ActorService(actor_pb2_grpc.ActorServicer):
     name = "actor"
     service_names = [actor_pb2.DESCRIPTOR.services_by_name["Actor"].full_name]
@@ -143,7 +151,10 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         if not model.exists():
             raise SystemExit(f"rollart-actor: model {model} does not exist")
         try:
-            self.host = await asyncio.to_thread(HostWeights.load, model, cfg.weight_version, cfg.initial_hash())
+            if cfg.lora is not None:  # the base stays in the engine; the host copy is the adapter
+                self.host = await asyncio.to_thread(_adapter_host, cfg)
+            else:
+                self.host = await asyncio.to_thread(HostWeights.load, model, cfg.weight_version, cfg.initial_hash())
         except WeightError as exc:
             raise SystemExit(f"rollart-actor: cannot read the weights of {model}: {exc}") from None
         t0 = time.perf_counter()
@@ -163,6 +174,39 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             max_staged_versions=cfg.max_staged_versions,
         )
         self._spawn(self._watch_engine())
+        if cfg.lora is not None:
+            await self._start_adapter()
+
+    async def _start_adapter(self) -> None:
+        """LoRA: register the start version's adapter, or (pending) load the first one the store gets."""
+        assert self.manager is not None and self.host is not None
+        host, store_uri = self.host, self.cfg.weight_source.checkpoint_store
+        if store_uri:
+            from rollart.weights.checkpoint_store import open_store
+
+            self.manager.adapter_store = open_store(store_uri)
+        if not host.pending:
+            folder = host.adapter_dir(self.engine.work_dir, host.version)
+            await asyncio.to_thread(host.write, folder)
+            await self.engine.update_weights(str(folder), host.version)
+        elif store_uri:
+            self._spawn(self._await_first_adapter())
+
+    async def _await_first_adapter(self) -> None:
+        # The job starts after its actors: its version 0 reaches the checkpoint store at StartJob.
+        manager = self.manager
+        assert manager is not None and self.host is not None
+        while self.host.pending:
+            try:
+                async with manager.lock:
+                    if self.host.pending and await asyncio.to_thread(manager.adapter_store.latest, 1 << 62):
+                        await manager._load_checkpoint(1 << 62, manager.adapter_store)
+            except WeightError as exc:
+                log.warning("the store's adapter cannot be loaded: %s", exc)
+                await asyncio.sleep(5.0)
+            except Exception as exc:  # noqa: BLE001 - a store not reachable yet: try again
+                log.debug("no adapter in the checkpoint store yet: %s", exc)
+            await asyncio.sleep(0.5)
 
     async def on_serving(self, address: str) -> None:
         self.endpoint = address

@@ -41,6 +41,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -181,6 +182,7 @@ class WeightManager:
         self.updating_to: int | None = None
         self.source: DeltaSource | None = None
         self.checkpoint_store: Any = None  # with a relay: where a commit loads a checkpoint the relay no longer covers
+        self.adapter_store: Any = None  # LoRA: where a pending actor loads its first adapter version
         self._n = 0
         self._inflight_orders: dict[str, asyncio.Task] = {}
         # Background bucket pulls (weight_sync buckets): the next version is pulled while rollout goes on.
@@ -318,6 +320,15 @@ class WeightManager:
                     from_version=active, to_version=active, hash=self.host.hash, applied=False
                 )
                 return Outcome(res)
+            if self.host.pending and (self.checkpoint_store or self.adapter_store) is not None:
+                # LoRA, no adapter loaded yet (the actor started before its job): the newest full set first.
+                try:
+                    active = await self._load_checkpoint(v, self.checkpoint_store or self.adapter_store)
+                except WeightError as exc:
+                    return self._failed(exc)
+                if active >= v:
+                    assert self.last_update is not None
+                    return Outcome(self.last_update)
             try:
                 route = await self._route(active, v)
             except WeightError as exc:
@@ -369,8 +380,8 @@ class WeightManager:
         except StagingError as exc:
             raise WeightError(exc.code, str(exc)) from None
 
-    async def _load_checkpoint(self, at_most: int) -> int:
-        store = self.checkpoint_store
+    async def _load_checkpoint(self, at_most: int, store: Any = None) -> int:
+        store = store if store is not None else self.checkpoint_store
         info = await asyncio.to_thread(store.latest, at_most)
         if info is None:
             raise WeightError("FAILED_PRECONDITION", f"the checkpoint store holds no checkpoint <= {at_most}")
@@ -415,7 +426,8 @@ class WeightManager:
                 now = time.time()
                 stats = UpdateStats(from_version, to_version, 0, 0, False, 0.0, 0.0, 0, {"tensors": 0}, now)
                 return self._result(stats, from_version, to_version, "delta", len(deltas), 0, entries, 0)
-            path = self._payload_path(to_version)
+            adapter = self.host.writes_adapter  # LoRA: the version's peft folder, kept while requests use it
+            path = self.host.adapter_dir(self.work_dir, to_version) if adapter else self._payload_path(to_version)
             nbytes = await asyncio.to_thread(self.host.write, path, None if full is not None else touched)
             prep_s = time.perf_counter() - t0
 
@@ -428,12 +440,15 @@ class WeightManager:
                 undo()
                 if old_ws is not None:
                     self.host.ws = old_ws
+                if adapter:
+                    shutil.rmtree(path, ignore_errors=True)
                 if isinstance(exc, WeightError):
                     raise
                 code = getattr(exc, "code", "INTERNAL")
                 raise WeightError(code, str(exc)) from None
             finally:
-                path.unlink(missing_ok=True)
+                if not adapter:
+                    path.unlink(missing_ok=True)
         finally:
             self.updating_to = None
         artifact = full.artifact if full is not None else "delta"
@@ -711,7 +726,7 @@ class WeightManager:
         self.updating_to = replay[-1].version if replay else version
         old_ws = self.host.ws
         ws.version = version
-        new = HostWeights(ws, version, ws.applied_hash)
+        new = self.host.like(ws, version, ws.applied_hash)
         entries = 0
         try:
             if replay:
@@ -721,7 +736,10 @@ class WeightManager:
                     raise WeightError(delta_error_code(exc), f"replaying deltas failed: {exc}") from None
             to_version = new.version
             to_hash = new.hash or None
-            if source_path is not None and not replay:
+            if new.writes_adapter:  # LoRA: the version's peft folder (removed by the engine once unused)
+                path, cleanup = new.adapter_dir(self.work_dir, to_version), False
+                nbytes = await asyncio.to_thread(new.write, path)
+            elif source_path is not None and not replay:
                 path, cleanup = source_path, False
                 nbytes = int(sum(a.nbytes for a in ws.arrays.values()))
             else:
@@ -731,6 +749,7 @@ class WeightManager:
             def committed() -> None:
                 self.host.ws = new.ws
                 self.host.pm = new.pm
+                self.host.pending = False
                 self.host.set_version(to_version, to_hash)
 
             try:
