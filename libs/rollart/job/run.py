@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
+from google.protobuf import json_format
 from grpc import aio
 
 from rollart.local import cluster as local
@@ -125,6 +126,14 @@ def _section(data: dict[str, Any], name: str) -> dict[str, Any]:
     return value
 
 
+def actor_lora_env(lora: T.LoraConfig, base_hash: str) -> dict[str, str]:
+    """The actors' environment for a LoRA job: their ``lora`` settings (ActorConfig.lora) with the base's h(v0);
+    no ``weight_hash``: version 0 is the trainer's initial adapter, which actors load from the checkpoint store."""
+    settings = json_format.MessageToDict(lora, preserving_proto_field_name=True)
+    settings["base_hash"] = base_hash
+    return {"ROLLART_LORA": json.dumps(settings, sort_keys=True), "ROLLART_WEIGHT_HASH": ""}
+
+
 class Runner:
     def __init__(self, opts: RunOptions, data: dict[str, Any], log: TextIO = sys.stderr) -> None:
         self.opts = opts
@@ -182,7 +191,8 @@ class Runner:
         out.mkdir(parents=True, exist_ok=True)
         spec = self.spec
         if spec.model in ("", "tiny"):
-            spec.model = str(prepare_model(_section(self.data, "model"), out, self.log))
+            recipe = {k: v for k, v in _section(self.data, "model").items() if k != "lora"}  # lora: not a recipe
+            spec.model = str(prepare_model(recipe, out, self.log))
         model = Path(spec.model)
         if not (model / "config.json").is_file():
             raise SpecError(
@@ -199,6 +209,8 @@ class Runner:
         overrides: dict[str, dict[str, str]] = {}
         for name, extra in DEFAULT_SERVICE_ENV.items():
             overrides.setdefault(name, {}).update(extra)
+        if spec.HasField("lora"):  # a LoRA job: every actor serves the base with the job's adapter versions
+            overrides.setdefault("actor", {}).update(actor_lora_env(spec.lora, env["ROLLART_WEIGHT_HASH"]))
         for name, extra in self.opts.service_env.items():
             overrides.setdefault(name, {}).update({k: str(v) for k, v in extra.items()})
         pools = [(p.count, p.env) for p in self.opts.actor_pools]

@@ -155,3 +155,19 @@ def test_bad_lora_settings_are_refused_naming_the_field(lora: dict, field: str) 
     with pytest.raises(ValidationError) as err:
         _cfg(**lora)
     assert field in str(err.value)
+
+
+def test_the_launchers_lora_settings_reach_every_actors_config() -> None:
+    from rollart.job.run import actor_lora_env
+    from rollart.job.spec import job_spec, load_job_file
+    from rollart.runtime.config import load_config
+
+    data = load_job_file(Path(__file__).resolve().parents[3] / "examples" / "frozenlake-lora.yaml")
+    spec = job_spec(data["job"])
+    assert spec.HasField("lora")
+    env = actor_lora_env(spec.lora, "cd" * 32)
+    environ = {"ROLLART_MODEL": "/m", "ROLLART_INSECURE_DISABLE_AUTH": "true", **env}
+    cfg = load_config(ActorConfig, environ=environ)
+    assert cfg.lora is not None and cfg.weight_hash is None  # v0 is the trainer's adapter, not the base
+    assert (cfg.lora.rank, cfg.lora.alpha, cfg.lora.base_hash) == (8, 16.0, "cd" * 32)
+    assert cfg.lora.target_modules == list(spec.lora.target_modules)
