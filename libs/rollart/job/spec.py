@@ -165,12 +165,15 @@ def job_spec(data: Mapping[str, Any]) -> trainer_pb2.TrainerJobSpec:
 
 
 LORA_KEYS = ("rank", "alpha", "dropout", "target_modules", "trainable_modules")
+#: ``target_modules`` when a job names none: the attention and MLP projections of Llama/Qwen-style decoders.
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def model_lora(data: Mapping[str, Any]) -> trainer_pb2.LoraConfig | None:
     """The job file's ``model.lora`` (LoRA training, docs/lora.md) as the ``LoraConfig`` the trainer's
-    ``job.lora`` gets, or None (a full-weight job). A bad key or value is a ``SpecError`` naming
-    ``model.lora.<key>``; the trainer's StartJob checks the module names against the model."""
+    ``job.lora`` gets (``target_modules`` filled in with :data:`LORA_DEFAULT_TARGETS` when empty), or None (a
+    full-weight job). A bad key or value is a ``SpecError`` naming ``model.lora.<key>``; the trainer's StartJob
+    checks the module names against the model."""
     model = data.get("model")
     raw = model.get("lora") if isinstance(model, Mapping) else None
     if raw is None:
@@ -184,6 +187,8 @@ def model_lora(data: Mapping[str, Any]) -> trainer_pb2.LoraConfig | None:
         raise SpecError(f"model.lora.alpha: expected a number > 0, got {raw.get('alpha')!r}")
     if not math.isfinite(cfg.dropout) or not 0 <= cfg.dropout < 1:
         raise SpecError(f"model.lora.dropout: expected a number in [0, 1), got {raw.get('dropout')!r}")
+    if not cfg.target_modules:
+        cfg.target_modules.extend(LORA_DEFAULT_TARGETS)
     return cfg
 
 
@@ -198,7 +203,7 @@ def sync_lora(data: dict[str, Any]) -> None:
         return  # load_job_file/job_spec report a missing or malformed job section
     given = job.get("lora")
     settings = json_format.MessageToDict(cfg, preserving_proto_field_name=True)
-    if given is not None and (not isinstance(given, Mapping) or job_spec({"lora": given}).lora != cfg):
+    if given is not None and (not isinstance(given, Mapping) or model_lora({"model": {"lora": given}}) != cfg):
         raise SpecError("job.lora: differs from model.lora (set LoRA once, in model.lora)")
     job["lora"] = settings
 

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollart.job.spec import LORA_DEFAULT_TARGETS
 from rollart.runtime import errors
 from rollart.runtime import validation as v
 from rollart.v1 import trainer_pb2 as T
 
 #: The attention and MLP projections of Llama/Qwen-style decoders (the default ``target_modules``).
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DEFAULT_TARGETS = LORA_DEFAULT_TARGETS
 MAX_RANK = 256
 MAX_ALPHA = 1e6
 MAX_MODULES = 64

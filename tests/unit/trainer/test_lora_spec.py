@@ -42,6 +42,11 @@ def test_model_lora_reaches_the_trainer_spec(tmp_path: Path) -> None:
     assert (spec.lora.rank, spec.lora.dropout) == (4, 0.05)
     with pytest.raises(SpecError, match=r"job.lora: differs from model.lora"):
         load_job_file(job_file(tmp_path, {"lora": LORA}, {"lora": {"rank": 2, "alpha": 1}}))
+    same = {"rank": 2, "alpha": 1}
+    data = load_job_file(job_file(tmp_path, {"lora": same}, {"lora": same}))
+    # Left out, target_modules are the defaults, written out for the launcher and the actors.
+    assert tuple(job_spec(data["job"]).lora.target_modules) == DEFAULT_TARGETS
+    assert tuple(model_lora(data).target_modules) == DEFAULT_TARGETS  # type: ignore[union-attr]
 
 
 def test_a_job_without_lora_is_unchanged(tmp_path: Path) -> None:
