@@ -21,7 +21,8 @@ def prepare_model(model_section: dict[str, Any], out_root: Path, log: TextIO) ->
     builder = str(model_section.get("builder", "tiny"))
     if builder != "tiny":
         raise SpecError(f"model.builder: unknown builder {builder!r} (tiny)")
-    recipe = {k: v for k, v in model_section.items() if k != "builder"}
+    # model.lora configures the job's adapter (the trainer and actors read it), not the base model's recipe
+    recipe = {k: v for k, v in model_section.items() if k not in ("builder", "lora")}
     default = "mix" if recipe.get("mix") else str(recipe.get("warm_start", "plain"))
     name = str(recipe.pop("name", "tiny-" + default))
     out = Path(str(recipe.pop("dir", ""))) if recipe.get("dir") else out_root / "models" / name
