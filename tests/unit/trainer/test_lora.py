@@ -158,7 +158,9 @@ def test_trainable_modules_are_trained_in_full_and_published(tiny_model: Path) -
 
 def test_checkpoint_holds_adapter_and_optimizer_and_restores_onto_the_base(tiny_model: Path, tmp_path: Path) -> None:
     b = lora_backend(tiny_model, LoraSettings(rank=4, alpha=8.0, dropout=0.1))
+    assert len(b._dropouts) == 2 * len(DEFAULT_TARGETS)  # dropout acts in training steps only
     b.train_step(TrainBatch(samples(), "b1", policy_version=0))
+    assert not any(m.training for m in b._dropouts)
     mgr = CheckpointManager(tmp_path / "ckpt")
     rec = mgr.save(b, TrainerState(job_id="j", step=1, policy_version=1, last_batch_id="b1"))
     saved = load_safetensors(rec.path / "model.safetensors")
