@@ -1,6 +1,7 @@
 """TensorBoard as a new user sees it: start ``tensorboard --logdir RUN`` on a free loopback port, wait until its
-HTTP data API lists the reward tag, check that the page Chromium renders holds the reward chart (a scalar card
-titled with the tag in its DOM), and save a PNG of the Scalars page filtered to the reward.
+HTTP data API lists the reward tag, open the Scalars page filtered to the reward in headless Chromium (driven
+over its DevTools protocol), check that the page drew the reward chart (a scalar card of the tag whose chart drew
+a line, found through the page's shadow roots) and save a PNG of it.
 
     python -m rollart_devtools.tb_screenshot runs/frozenlake --out docs/images/tensorboard-scalars.png
 
@@ -11,9 +12,10 @@ Chromium runs with ``--no-sandbox`` only when this is root (its sandbox refuses 
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -25,7 +27,6 @@ import urllib.request
 from pathlib import Path
 
 CHROMIUMS = ("chromium", "chromium-browser", "google-chrome", "headless_shell")
-DOM_HEIGHT = 12000  # px: every card of a run in view
 
 
 def chromium() -> str | None:
@@ -69,19 +70,80 @@ def wait_for_tag(base: str, tag: str, proc: subprocess.Popen, timeout: float) ->
     raise RuntimeError(f"tensorboard listed no {tag!r} scalar in {timeout:.0f}s (tags: {tags})")
 
 
-def _chromium(browser: str, url: str, extra: list[str], budget_ms: int, timeout: float) -> subprocess.CompletedProcess:
-    argv = [browser, "--headless", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-            f"--virtual-time-budget={budget_ms}", *extra, url]
-    if os.geteuid() == 0:
-        argv.insert(1, "--no-sandbox")
-    with tempfile.TemporaryDirectory(prefix="tb-chromium-") as profile:  # no state shared with another run
-        argv.insert(1, f"--user-data-dir={profile}")
-        return subprocess.run(argv, capture_output=True, timeout=timeout, cwd=profile)
+# Every scalar card of the page, through the shadow roots the Scalars dashboard (Polymer) draws in: its tag and
+# the longest line its chart drew (the SVG path of a plotted series; 0 while it has no data).
+CARDS_JS = r"""(() => {
+  const cards = [];
+  const walk = (root) => { for (const el of root.querySelectorAll('*')) {
+    if (el.tagName === 'TF-SCALAR-CARD') cards.push(el);
+    if (el.shadowRoot) walk(el.shadowRoot); } };
+  walk(document);
+  const longest = (el) => { let n = 0; const w = (r) => {
+    for (const e of r.querySelectorAll('path.line')) n = Math.max(n, (e.getAttribute('d') || '').length);
+    for (const e of r.querySelectorAll('*')) if (e.shadowRoot) w(e.shadowRoot); }; w(el.shadowRoot || el); return n; };
+  return JSON.stringify(cards.map(c => ({tag: c.tag, line: longest(c)})));
+})()"""
+
+
+class Page:
+    """One headless Chromium page driven over the DevTools protocol (its own profile, a free loopback port)."""
+
+    def __init__(self, browser: str, width: int, height: int) -> None:
+        from websockets.sync.client import connect
+
+        self.profile = tempfile.TemporaryDirectory(prefix="tb-chromium-")  # no state shared with another run
+        port = free_port()
+        argv = [browser, "--headless", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+                f"--user-data-dir={self.profile.name}", f"--remote-debugging-port={port}",
+                f"--window-size={width},{height}", "about:blank"]
+        if os.geteuid() == 0:
+            argv.insert(1, "--no-sandbox")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                targets = json.loads(_get(f"http://127.0.0.1:{port}/json/list"))
+                page = next(t for t in targets if t.get("type") == "page")
+                break
+            except (OSError, ValueError, StopIteration):
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.close()
+                    raise RuntimeError("chromium did not open its DevTools port") from None
+                time.sleep(0.2)
+        self._connection = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10)
+        self.ws = self._connection.__enter__()
+        self.n = 0
+
+    def call(self, method: str, timeout: float = 30.0, **params: object) -> dict:
+        self.n += 1
+        self.ws.send(json.dumps({"id": self.n, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv(timeout=timeout))
+            if msg.get("id") == self.n:
+                if "error" in msg:
+                    raise RuntimeError(f"chromium {method}: {msg['error']}")
+                return dict(msg.get("result") or {})
+
+    def cards(self) -> list[dict]:
+        res = self.call("Runtime.evaluate", expression=CARDS_JS, returnByValue=True)
+        return list(json.loads(res.get("result", {}).get("value") or "[]"))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._connection.__exit__(None, None, None)
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.profile.cleanup()
 
 
 def shoot(run_dir: Path, out: Path, tag: str = "reward/mean", width: int = 1280, height: int = 900,
-          budget_ms: int = 15000, timeout: float = 120.0, tag_filter: str = "reward") -> dict:
-    """Returns what was checked: the tags TensorBoard listed, whether the DOM shows the tag, the PNG's size."""
+          timeout: float = 120.0, tag_filter: str = "reward", render_s: float = 60.0) -> dict:
+    """Returns what was checked: the tags TensorBoard listed, the chart drawn for ``tag``, the PNG's size."""
     browser = chromium()
     tb = shutil.which("tensorboard") or str(Path(sys.executable).parent / "tensorboard")
     if browser is None or not Path(tb).exists():
@@ -93,27 +155,32 @@ def shoot(run_dir: Path, out: Path, tag: str = "reward/mean", width: int = 1280,
         [tb, "--logdir", str(run_dir), "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "1"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
+    page: Page | None = None
     try:
         tags = wait_for_tag(base, tag, proc, timeout)
-        page_s = 60.0 + 4 * budget_ms / 1000  # one Chromium page load (its virtual time runs faster than wall)
-        # The landing page (Time Series) renders its cards in the page's DOM, a card only once it is in view
-        # (hence the tall window): the reward chart is there when a scalar card titled with the tag is.
-        dom_url = f"{base}/#timeseries"
-        dom = _chromium(browser, dom_url, ["--dump-dom", f"--window-size={width},{DOM_HEIGHT}"], budget_ms,
-                        page_s).stdout.decode(errors="replace")
-        chart = re.search(r"<scalar-card-component[^>]*>.{0,2000}?title=\"" + re.escape(tag) + '"', dom, re.S)
-        # The screenshot: the Scalars page filtered as a user types into its box (its cards are in shadow DOM,
-        # which --dump-dom leaves out, so the check above reads the Time Series page of the same server).
+        # The Scalars page filtered as a user types into its box; the check and the screenshot are of this page.
         url = f"{base}/#scalars&tagFilter={urllib.parse.quote(tag_filter)}"
+        page = Page(browser, width, height)
+        page.call("Page.enable")
+        page.call("Page.navigate", url=url)
+        deadline = time.monotonic() + render_s
+        cards: list[dict] = []
+        while time.monotonic() < deadline:
+            cards = page.cards()
+            if any(c.get("tag") == tag and c.get("line", 0) > 0 for c in cards):
+                break
+            time.sleep(0.5)
+        time.sleep(1.0)  # the cards' entry animation
+        cards = page.cards()
+        drawn = [c for c in cards if c.get("tag") == tag and c.get("line", 0) > 0]
+        shot = page.call("Page.captureScreenshot", format="png")
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.unlink(missing_ok=True)
-        shot = _chromium(browser, url, [f"--screenshot={out.resolve()}", f"--window-size={width},{height}"],
-                         budget_ms, page_s)
-        if not out.is_file():
-            raise RuntimeError(f"chromium wrote no screenshot: {shot.stderr.decode(errors='replace')[-500:]}")
-        return {"url": url, "dom_url": dom_url, "tags": tags, "tag": tag, "dom_has_tag": chart is not None,
-                "dom_bytes": len(dom), "png": str(out), "png_bytes": out.stat().st_size}
+        out.write_bytes(base64.b64decode(shot["data"]))
+        return {"url": url, "tags": tags, "tag": tag, "chart_drawn": bool(drawn),
+                "cards": [c.get("tag") for c in cards], "png": str(out), "png_bytes": out.stat().st_size}
     finally:
+        if page is not None:
+            page.close()
         proc.terminate()
         try:
             proc.wait(15)
@@ -131,24 +198,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--filter", default="reward", help="the Scalars page's tag filter (a regex) in the screenshot")
     ap.add_argument("--width", type=int, default=1280)
     ap.add_argument("--height", type=int, default=900)
-    ap.add_argument("--budget-ms", type=int, default=15000, help="Chromium's virtual time for the page to render")
+    ap.add_argument("--render-s", type=float, default=60.0, help="seconds for the page to draw the chart")
     ap.add_argument("--wait", type=float, default=120.0, help="seconds for TensorBoard to list the tag")
     args = ap.parse_args(argv)
     if not args.run_dir.is_dir():
         print(f"tb_screenshot: {args.run_dir} is not a folder", file=sys.stderr)
         return 1
     try:
-        res = shoot(args.run_dir, args.out, args.tag, args.width, args.height, args.budget_ms,
-                    timeout=args.wait, tag_filter=args.filter)
-    except FileNotFoundError as exc:
-        print(f"tb_screenshot: {exc} not found (apt-get install chromium; pip install tensorboard)", file=sys.stderr)
+        res = shoot(args.run_dir, args.out, args.tag, args.width, args.height, timeout=args.wait,
+                    tag_filter=args.filter, render_s=args.render_s)
+    except (FileNotFoundError, ImportError) as exc:
+        print(f"tb_screenshot: {exc} not found (apt-get install chromium; pip install tensorboard websockets)",
+              file=sys.stderr)
         return 2
-    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+    except (RuntimeError, OSError, TimeoutError, subprocess.TimeoutExpired) as exc:
         print(f"tb_screenshot: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(res, indent=1))
-    if not res["dom_has_tag"]:
-        print(f"tb_screenshot: the rendered scalars page does not show {args.tag!r}", file=sys.stderr)
+    if not res["chart_drawn"]:
+        print(f"tb_screenshot: the Scalars page drew no {args.tag!r} chart", file=sys.stderr)
         return 1
     return 0
 

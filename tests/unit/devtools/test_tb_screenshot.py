@@ -1,6 +1,6 @@
 """TensorBoard as a new user sees it (rollart_devtools.tb_screenshot): a started `tensorboard` on event files the
-tracker wrote lists the reward, headless Chromium renders its chart and saves a PNG; a tag that is not there
-fails the check. Skipped without chromium (apt-get install chromium) or tensorboard."""
+tracker wrote lists the reward, headless Chromium draws its chart (read back from the page) and saves a PNG; a
+tag that is not there fails the check. Skipped without chromium (apt-get install chromium) or tensorboard."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from rollart.job.tracking import Tracker, settings
 
 pytest.importorskip("tensorboard")
+pytest.importorskip("websockets")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -46,7 +47,9 @@ def test_the_screenshot_shows_the_reward_chart(tmp_path: Path):
     res = _shot(str(run), "--out", str(png))
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
-    assert out["dom_has_tag"] and "reward/mean" in out["tags"]["tb"]
+    assert out["chart_drawn"] and "reward/mean" in out["tags"]["tb"]
+    # What the page drew, read from it: the run's two tags, the filtered group first, and nothing else.
+    assert out["cards"][0] == "reward/mean" and set(out["cards"]) == {"reward/mean", "train/entropy"}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and 10_000 < png.stat().st_size < 1_000_000
 
 
