@@ -1,9 +1,9 @@
 """What experiment tracking costs a run: the same short `rollart run examples/frozenlake.yaml` with tracking on
-(TensorBoard, W&B offline, MLflow file store, rollout samples) and off (`--set tracking=false`), in alternating
-pairs (on, off, on, off, ...), side by side.
+(``--on all``: TensorBoard, W&B offline, MLflow file store, rollout samples; ``--on default``: the example's own,
+TensorBoard and samples) and off (`--set tracking=false`), in alternating pairs (on, off, on, off, ...).
 
-    python -m bench tracking --json bench/results/tracking-overhead-frozenlake-4steps.json   # 2 pairs, 4 steps
-    python -m bench tracking --pairs 3 --steps 3
+    python -m bench tracking --json bench/results/tracking-overhead-frozenlake-4steps-all.json   # 2 pairs, 4 steps
+    python -m bench tracking --on default --pairs 1 --json bench/results/tracking-overhead-frozenlake-4steps-default.json
 
 Per pair: each run's wall time (the `rollart run` process, start to exit, cluster start and teardown included)
 and its steps time (first step's start to last step's end), and the ratio on/off of both; the last row gives the
@@ -31,7 +31,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 EXAMPLE = REPO / "examples" / "frozenlake.yaml"
-ON = "{wandb: true, mlflow: true, samples: {every: 2}}"  # TensorBoard is on by default
+# Tracking "on": every backend (TensorBoard is on by default), or the example's own (`make run`: TensorBoard and
+# samples every 5 steps, what a user gets without a tracking section).
+CONFIGS = {"all": "{wandb: true, mlflow: true, samples: {every: 2}}", "default": "true"}
 OFF = "false"
 MODEL_DIR = Path(tempfile.gettempdir()) / "rollart-bench-models" / "frozenlake-example"
 
@@ -82,6 +84,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=4, help="job.max_steps of each run")
     ap.add_argument("--model-dir", type=Path, default=MODEL_DIR, help="where the example's model is built once")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds allowed for one run")
+    ap.add_argument("--on", choices=sorted(CONFIGS), default="all",
+                    help="tracking when on: all (TensorBoard, W&B, MLflow, samples every 2) or default (make run's)")
     ap.add_argument("--json", type=Path, help="write one object per row here")
     args = ap.parse_args(argv)
     if args.pairs < 1 or args.steps < 1:
@@ -90,7 +94,7 @@ def main(argv: list[str]) -> int:
     root = Path(tempfile.mkdtemp(prefix="bench-tracking-"))
     rows: list[dict[str, Any]] = []
     for i in range(args.pairs):
-        on = one(root / f"on-{i}", ON, args.steps, args.model_dir, args.timeout)
+        on = one(root / f"on-{i}", CONFIGS[args.on], args.steps, args.model_dir, args.timeout)
         off = one(root / f"off-{i}", OFF, args.steps, args.model_dir, args.timeout)
         if on["ok"] and (on["tb_files"] == 0 or on["samples"] == 0):
             on["ok"] = False  # "on" must have tracked: a run without event files or samples measured nothing
@@ -140,10 +144,11 @@ def main(argv: list[str]) -> int:
         "on_loop_seconds": med("on_loop_seconds"),
         "on_loop_fraction_of_wall": med("on_loop_fraction_of_wall"),
         "model_build_seconds": round(build_s, 1),
-        "tracking_on": ON,
+        "tracking_on": CONFIGS[args.on],
     }
     rows.append(summary)
-    print(f"`rollart run examples/frozenlake.yaml --set job.max_steps={args.steps}`, tracking on = tracking={ON}")
+    print(f"`rollart run examples/frozenlake.yaml --set job.max_steps={args.steps}`, "
+          f"tracking on = tracking={CONFIGS[args.on]}")
     print("| pair | on wall (s) | off wall (s) | wall on/off | on steps (s) | off steps (s) | steps on/off "
           "| tracker in loop (s) | ok |")
     print("|---|---|---|---|---|---|---|---|---|")
