@@ -79,13 +79,15 @@ def config_sets(config: str, links: dict[str, Any], rate_mbps: float | None) -> 
 
 
 def published_delta_bytes(out: Path) -> list[int]:
-    """delta_bytes of each version the trainer published (its JSON log's "version published" lines)."""
+    """delta_bytes of each version after v0 the trainer published (its JSON log's "version published" lines)."""
     log = out / "cluster" / "logs" / "trainer.log"
     sizes = []
     for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
         if '"version published"' in line:
             try:
-                sizes.append(int(json.loads(line)["delta_bytes"]))
+                doc = json.loads(line)
+                if int(doc.get("version", 1)) > 0:  # v0 is the base: no delta
+                    sizes.append(int(doc["delta_bytes"]))
             except (ValueError, KeyError, TypeError):
                 continue
     return sizes

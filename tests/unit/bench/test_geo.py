@@ -44,6 +44,7 @@ def test_published_delta_bytes(tmp_path: Path):
     log = tmp_path / "cluster" / "logs" / "trainer.log"
     log.parent.mkdir(parents=True)
     lines = [
+        json.dumps({"msg": "version published", "version": 0, "delta_bytes": 0}),
         json.dumps({"msg": "version published", "version": 1, "delta_bytes": 1000}),
         json.dumps({"msg": "step finished", "step": 1}),
         '{"msg": "version published", broken',
