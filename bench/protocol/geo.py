@@ -19,7 +19,8 @@ The regime (the seed's ratio, issue 26): full weights take ~2.8x a step's genera
 128 s against 45 s). Here the tiny model's full weights are 1,052,984 bytes (bf16 safetensors) and a step's
 generation window on this 2-core machine is ~5 s, so the link runs at 0.6 Mbit/s: 1,052,984 x 8 / 0.6e6 = 14.0 s
 = 2.8 x 5 s. Each row also reports what it measured: ``full_bytes``, ``full_transfer_seconds`` (full_bytes at the
-link's rate) over the ideal row's ``generation_seconds`` (``window_ratio``), and for the rollart row the per-step
+link's rate) over the ideal row's ``step_seconds`` (``window_ratio``: async rollout overlaps training, so a
+step of the ideal run is the time the actors take to generate one batch), and for the rollart row the per-step
 delta density ``delta_bytes_per_step`` / ``full_bytes`` (``delta_density``, from the trainer's "version
 published" log lines). The learning rate is examples/geo.yaml's (5e-4, a tiny model on a narrow task): its
 updates touch far more bf16 entries than the seed's 1.3%; the density is reported, not tuned.
@@ -164,14 +165,14 @@ def run_mode(
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
     """ratio_to_ideal on every row; rollart_speedup (rollart's samples/s over the row's) on the full rows; the
-    full transfer over the ideal generation window (window_ratio)."""
+    full transfer over the ideal step, its generation window (window_ratio)."""
     by = {r["config"]: r for r in rows}
     ideal, rollart = by.get("ideal"), by.get("rollart")
     for r in rows:
         if ideal:
             r["ratio_to_ideal"] = r["samples_per_second"] / ideal["samples_per_second"]
-            if r.get("full_transfer_seconds") and ideal["generation_seconds"]:
-                r["window_ratio"] = r["full_transfer_seconds"] / ideal["generation_seconds"]
+            if r.get("full_transfer_seconds") and ideal["step_seconds"]:
+                r["window_ratio"] = r["full_transfer_seconds"] / ideal["step_seconds"]
         if rollart and r["config"].startswith("full"):
             r["rollart_speedup"] = rollart["samples_per_second"] / r["samples_per_second"]
 

@@ -35,7 +35,7 @@ def test_ratios_and_table():
     geo.add_ratios(rows)
     assert rows[1]["ratio_to_ideal"] == pytest.approx(7.5 / 8)
     assert rows[2]["rollart_speedup"] == pytest.approx(3.0) and "rollart_speedup" not in rows[1]
-    assert rows[2]["window_ratio"] == pytest.approx(14.0 / 5.0)
+    assert rows[2]["window_ratio"] == pytest.approx(14.0 / 4.0)
     text = geo.table(rows)
     assert text.splitlines()[0].startswith("config") and "3.00" in text.splitlines()[3]
 
