@@ -25,6 +25,10 @@ delta density ``delta_bytes_per_step`` / ``full_bytes`` (``delta_density``, from
 published" log lines). The learning rate is examples/geo.yaml's (5e-4, a tiny model on a narrow task): its
 updates touch far more bf16 entries than the seed's 1.3%; the density is reported, not tuned.
 
+What the full rows are: each of the region's two actors GETs its own copy (no relay for full weights), so a
+version costs the link 2 x 14 s; and the trainer loads full weights inside every step's UPDATE phase whatever
+``alpha`` is (alpha bounds admission only), so full-lag2/4 differ from full-lag1 by admission, not by overlap.
+
     python -m bench geo --steps 6 --configs ideal,rollart,full-lag1,full-lag4 --json bench/results/geo-smoke.json
 """
 
