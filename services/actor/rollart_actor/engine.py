@@ -467,7 +467,7 @@ class ActorEngine:
                 if track.error is None:
                     track.error = EngineError("UNAVAILABLE", "generation ended without a final output")
             track.notify()
-            if track.lora_version is not None and track.lora_version != self.version:
+            if track.lora is not None and track.lora is not self.active_lora:
                 self._schedule_prune()
 
     def _count_tokens(self, n: int, now: float) -> None:
@@ -772,8 +772,8 @@ class ActorEngine:
 
     async def _prune_adapters(self) -> list[int]:
         """Remove every adapter version but the active one that no request in flight uses (and its folder)."""
-        used = {t.lora_version for t in self.tracks.values() if not t.finished}
-        gone = [v for v in self.loras if v != self.version and v not in used]
+        used = {id(t.lora) for t in self.tracks.values() if not t.finished and t.lora is not None}
+        gone = [v for v, req in self.loras.items() if req is not self.active_lora and id(req) not in used]
         for v in gone:
             req = self.loras.pop(v)
             with contextlib.suppress(Exception):
