@@ -23,7 +23,7 @@ from rollart.v1 import ledger_pb2 as lp
 from . import codec
 from . import policy as pol
 from .scripts import now_ms
-from .store import Entries, Part
+from .store import LATEST_VERSION, Entries, Part
 
 log = logging.getLogger(__name__)
 # A new version is at most this far above the latest (the first at most this far above -1).
@@ -74,6 +74,7 @@ class Control(Part):
                 raise errors.FailedPrecondition(f"version {v.version} is already registered with different content")
         else:
             log.info("version registered", extra=log_fields(version=v.version, base=v.base_version))
+        LATEST_VERSION.set(max(latest, stored.version))
         return lp.RegisterVersionResponse(version=stored, created=bool(created))
 
     async def get_version(self, request: lp.GetVersionRequest) -> common_pb2.PolicyVersion:

@@ -10,7 +10,7 @@ from rollart.v1 import ledger_pb2 as lp
 from . import codec
 from . import policy as pol
 from .scripts import now_ms
-from .store import Part
+from .store import LATEST_VERSION, Part
 from .tasks import task_pools
 
 
@@ -49,6 +49,8 @@ class Status(Part):
         policy = pol.numbers(pol_h)
         cur = codec.hdict(cur)
         batch = int(cur.get("B", 0) or 0)
+        if latest is not None:
+            LATEST_VERSION.set(int(latest))
         status = lp.LedgerStatus(
             current_step=int(cur.get("step", 0) or 0),
             current_version=int(cur["v"]) if "v" in cur else -1,

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import hiredis
 import redis.asyncio as aioredis
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from rollart.runtime.background import Periodic
 from rollart.runtime.telemetry import log_fields
@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 # redis-py types every reply as bytes | str; this client never decodes, so its replies are bytes (casts below).
 Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
+# This replica's view of the newest registered version (set on registration and status reads; dashboards take
+# the max over replicas and compare each actor's rollart_actor_weight_version with it).
+LATEST_VERSION = Gauge("rollart_ledger_latest_version", "Newest registered policy version seen by this replica")
 LEASES_EXPIRED = Counter("rollart_ledger_leases_expired_total", "Sample leases expired by the reaper")
 SCORES_EXPIRED = Counter(
     "rollart_ledger_scores_expired_total", "Admitted samples un-admitted as failed: no reward within the score deadline"
