@@ -1,8 +1,9 @@
 """RollArt EnvManager: environments (reasoning-gym, GEM, textarena, gymnasium, code, SWE), sandbox backends, and
 the environment loops (lease, generate, step, settle) behind the ``rollart.v1.EnvManager`` gRPC service.
 
-Library layer: :func:`open_env` and the registry (envs/, sandbox/, hosting.py). Service layer: manager.py (the
-loops), episode.py (one episode), chat.py (token history), service.py (gRPC), main.py (``rollart-envmanager``).
+Library layer: :func:`open_env` and the registry (envs/, sandbox/, hosting.py). Service layer: loop.py (one
+loop), manager.py (what the loops share), episode.py (one episode), chat.py (token history), service.py (gRPC),
+main.py (``rollart-envmanager``).
 """
 
 from .envs import (
