@@ -125,6 +125,8 @@ CASES = [
     ("RecordReward", lambda le: lp.RecordRewardRequest(trajectory_id="t1"), "INVALID_ARGUMENT"),
     ("GetBatch", lambda le: lp.GetBatchRequest(step=1, batch_size=0), "INVALID_ARGUMENT"),
     ("GetBatch", lambda le: lp.GetBatchRequest(step=-1, batch_size=2), "INVALID_ARGUMENT"),
+    ("GetBatch", lambda le: lp.GetBatchRequest(step=1, batch_size=2, drop_zero_variance=True, max_groups=-1), "INVALID_ARGUMENT"),
+    ("GetBatch", lambda le: lp.GetBatchRequest(step=1, batch_size=2, drop_zero_variance=True, max_groups=2**31 - 1), "INVALID_ARGUMENT"),
     ("AckBatch", lambda le: lp.AckBatchRequest(step=3, batch_id="b3-1"), "NOT_FOUND"),
     ("AckBatch", lambda le: lp.AckBatchRequest(step=3), "INVALID_ARGUMENT"),
     ("GetStatus", lambda le: lp.LedgerStatusRequest(versions_limit=-1), "INVALID_ARGUMENT"),
