@@ -15,9 +15,9 @@
 -- B is remembered (P bsz) for the back-pressure of acquire.
 -- Dynamic sampling (ARGV[8]): a ready group whose rewards are all equal is consumed where it is drawn (group
 -- state Z, samples removed with mark Z and fate filtered, in this atomic step: never trained, never leased
--- again) and the batch is filled from further ready groups. The step's filtered counts and drawn groups live
--- in P bfilt:<step> across attempts (moved into the batch hash when it forms), so neither a retried call nor a
--- restarted ledger filters or bounds twice. The bound (ARGV[9]) counts groups drawn (filtered + kept): a group
+-- again) and the batch is filled from further ready groups. The step's filtered counts (g s t) live in
+-- P bfilt:<step> across attempts (moved into the batch hash, fg fs ft, when it forms), so neither a retried
+-- call nor a restarted ledger filters or bounds twice. The bound (ARGV[9]) counts groups drawn (filtered + kept): a group
 -- is filtered only while the step's filtered groups, the groups kept, it and the groups the batch still needs
 -- stay within it; past that, zero-variance groups are kept (zero advantage, as without dynamic sampling). So a
 -- step draws at most max(bound, the batch's groups), the batch is whole, and the bound never stalls a step.
