@@ -125,8 +125,10 @@ def model_layers(model_dir: Path) -> tuple[dict[str, tuple[int, int]], set[str]]
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    # The process's default dtype, not the config's: from_config sets torch's (process-wide) default dtype while
+    # it builds, and a job training in another thread meanwhile would create its tensors in that dtype.
+    with torch.device("meta"):  # thread-local: other threads keep allocating on their devices
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.get_default_dtype())
     linear = {n: (m.in_features, m.out_features) for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     return linear, {n for n, _ in model.named_modules() if n}
 

@@ -16,7 +16,7 @@ import contextlib
 import random
 from pathlib import Path
 
-from rollart.delta import load_safetensors
+from rollart.delta import WeightSet, load_safetensors
 from rollart.runtime.client import channel
 from rollart.v1 import common_pb2, ledger_pb2, ledger_pb2_grpc
 from rollart.weights.subscriber import WeightSubscriber
@@ -42,9 +42,11 @@ class WeightActor:
         token: str,
         model: Path,
         initial_hash: bytes,
+        initial: WeightSet | None = None,
     ) -> None:
         self.actor_id = actor_id
-        ws = load_safetensors(model / "model.safetensors").copy()
+        # ``initial``: the host weights of version 0 when they are not the model's file (a LoRA job's adapter).
+        ws = initial.copy() if initial is not None else load_safetensors(model / "model.safetensors").copy()
         ws.version, ws.applied_hash = 0, initial_hash
         self.sub = WeightSubscriber(
             subscriber_id=actor_id,

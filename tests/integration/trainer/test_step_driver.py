@@ -22,7 +22,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rollart.job.spec import job_spec, model_dir_digest
+from rollart.delta import WeightSet
+from rollart.job.spec import job_spec, model_dir_digest, weights_digest
 from rollart.runtime.client import channel
 from rollart.v1 import ledger_pb2, ledger_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from tests.conftest import BIN, TOKEN
@@ -137,8 +138,16 @@ async def collect_phases(stub, into: list) -> None:
             into.append((ev.phase.step, trainer_pb2.StepPhase.Name(ev.phase.phase).removeprefix("STEP_PHASE_")))
 
 
-async def run_job(cluster: Cluster, model: Path, spec, *, kill_after_step: int = 0, phases: list | None = None):
-    initial = model_dir_digest(model)
+async def run_job(
+    cluster: Cluster,
+    model: Path,
+    spec,
+    *,
+    kill_after_step: int = 0,
+    phases: list | None = None,
+    initial: WeightSet | None = None,
+):
+    """``initial``: the actor's version-0 weights when they are not the model's (a LoRA job's adapter)."""
     actor = WeightActor(
         "actor-a",
         ledger=cluster.ledger,
@@ -147,7 +156,8 @@ async def run_job(cluster: Cluster, model: Path, spec, *, kill_after_step: int =
         key=KEY.encode(),
         token=TOKEN,
         model=model,
-        initial_hash=initial,
+        initial_hash=model_dir_digest(model) if initial is None else weights_digest(initial.arrays, initial.dtypes),
+        initial=initial,
     )
     await actor.start()
     rollout = ScriptedRollout(ledger=cluster.ledger, token=TOKEN, actor=actor, vocab=VOCAB, loops=6)

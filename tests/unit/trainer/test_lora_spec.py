@@ -144,3 +144,23 @@ def test_other_backends_are_refused_naming_spec_lora(tiny_model: Path, backend: 
 def test_a_broken_model_config_is_refused_naming_the_model(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     assert refused(spec(tmp_path)).field == "spec.model"
+
+
+def test_the_model_check_never_changes_torch_s_default_dtype(tiny_model: Path, monkeypatch) -> None:
+    """StartJob runs while a job may train in another thread (an idempotent StartJob): building the model on the
+    meta device must not switch the process-wide default dtype to the config's bf16, even for a moment."""
+    import json
+
+    import torch
+
+    assert json.loads((tiny_model / "config.json").read_text()).get("dtype", "bfloat16") != "float32"
+    seen: list[torch.dtype] = []
+    real = torch.set_default_dtype
+
+    def spy(d: torch.dtype) -> None:
+        seen.append(d)
+        real(d)
+
+    monkeypatch.setattr(torch, "set_default_dtype", spy)
+    validators.check_spec(spec(tiny_model))
+    assert all(d == torch.float32 for d in seen), seen
