@@ -139,29 +139,27 @@ def test_compose_profile_runs_prometheus_with_the_rules():
 
 @needs_promtool
 def test_actor_weight_version_behind_rule_counts_versions_behind_the_newest(tmp_path: Path):
-    """promtool evaluates the recording rule on two actors (v5 and v3, then both v6): 0 and 2 behind, then 0."""
+    """promtool evaluates the recording rule on two actors (v5 and v3, then both v6): against the ledger's newest
+    version (6, then 7) they are 1 and 3 behind, then 1 and 1; with no ledger scraped, against the newest an actor
+    serves: 0 and 2, then 0 and 0."""
     shutil.copyfile(PROM / "rules.yml", tmp_path / "rules.yml")
     series = '{__name__="rollart_actor_weight_version", component="actor", instance_name="%s"}'
+    actors = [{"series": series % "actor", "values": "5 5 6"}, {"series": series % "actor-2", "values": "3 3 6"}]
+    ledger = {"series": '{__name__="rollart_ledger_latest_version", instance_name="ledger"}', "values": "6 6 7"}
+
+    def case(inputs: list, at1: tuple[int, int], at2: tuple[int, int]) -> dict:
+        def samples(behind: tuple[int, int]) -> list:
+            return [{"labels": f'rollart:actor_weight_version:behind{{instance_name="{a}"}}', "value": b}
+                    for a, b in zip(("actor", "actor-2"), behind)]
+        return {"interval": "1m", "input_series": inputs, "promql_expr_test": [
+            {"expr": "rollart:actor_weight_version:behind", "eval_time": "1m", "exp_samples": samples(at1)},
+            {"expr": "rollart:actor_weight_version:behind", "eval_time": "2m", "exp_samples": samples(at2)},
+        ]}  # fmt: skip
+
     spec = {
         "rule_files": ["rules.yml"],
         "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [
-                {"series": series % "actor", "values": "5 5 6"},
-                {"series": series % "actor-2", "values": "3 3 6"},
-            ],
-            "promql_expr_test": [
-                {"expr": "rollart:actor_weight_version:behind", "eval_time": "1m", "exp_samples": [
-                    {"labels": 'rollart:actor_weight_version:behind{instance_name="actor"}', "value": 0},
-                    {"labels": 'rollart:actor_weight_version:behind{instance_name="actor-2"}', "value": 2},
-                ]},
-                {"expr": "rollart:actor_weight_version:behind", "eval_time": "2m", "exp_samples": [
-                    {"labels": 'rollart:actor_weight_version:behind{instance_name="actor"}', "value": 0},
-                    {"labels": 'rollart:actor_weight_version:behind{instance_name="actor-2"}', "value": 0},
-                ]},
-            ],
-        }],
+        "tests": [case([*actors, ledger], (1, 3), (1, 1)), case(actors, (0, 2), (0, 0))],
     }
     (tmp_path / "test.yml").write_text(yaml.safe_dump(spec))
     assert promtool is not None
