@@ -38,6 +38,9 @@ class ServiceSpec:
     # Run before each instance starts, with the cluster's state and the instance's environment (e.g. build
     # the model an actor is told to serve when it is not there yet).
     prepare: Callable[[dict, dict[str, str], Callable[[str], None]], None] | None = None
+    # Its instances start side by side (each then waited for) on a host without a GPU; on a GPU host one at a
+    # time, so that engines sharing a device never size their memory against each other's half-made start.
+    start_together: bool = False
 
 
 # Start order: discovery first, then the ledger (everyone settles with it), then the rest.
@@ -57,6 +60,7 @@ SERVICES: list[ServiceSpec] = [
         extra_env=lambda st: _actor_env(st),
         ready_timeout=600.0,
         prepare=lambda st, env, log: _default_model(st, env, log),
+        start_together=True,
     ),
     # The OpenAI-compatible HTTP API on a free port (its base URL lands in the state from the ready file); it
     # follows the ledger's step plans when a ledger runs.
@@ -237,6 +241,7 @@ def up(
     state["redis"] = {"pid": redis_proc.pid, "url": redis_url, "log": str(redis_proc.log_path)}
     write_state(state_dir, state)
     log(f"redis            {redis_url}")
+    pending: list[tuple[ServiceSpec, str, ManagedProcess, str, dict[str, str]]] = []  # started, not yet ready
     try:
         # The weight plane's Mooncake store (full-weight buckets), when the wheel is installed.
         # Only the trainer (publisher) and actors (pullers) use it.
@@ -261,7 +266,10 @@ def up(
             links = plan.start_links(log)
             state["links"] = {"pid": links.pid, "log": str(links.log_path), "counters": str(state_dir / "links.json")}
             write_state(state_dir, state)
-        for spec, name in instances:
+        # The instances of a start_together service start side by side, then each is waited for (two CPU engines
+        # load at once, not one after the other); a service waits for those before it.
+        together = shutil.which("nvidia-smi") is None
+        for i, (spec, name) in enumerate(instances):
             script = find_script(spec.script)
             if script is None:
                 if only is not None:
@@ -314,25 +322,48 @@ def up(
                 log_path=state_dir / "logs" / f"{name}.log",
                 env=env,
                 ready_file=run_dir / f"{name}.ready",
-            ).start()
-            info = proc.wait_ready(max(ready_timeout, spec.ready_timeout or 0.0))
-            state["services"][name] = {
-                "pid": proc.pid,
-                "address": info["address"],
-                "metrics_port": info.get("metrics_port"),
-                "log": str(proc.log_path),
-                "script": script,
-                "env": overlay,
-            }
-            # Extra endpoints a service announces in its ready file (e.g. the relay's data_endpoint).
-            extra = {k: v for k, v in info.items() if k not in ("service", "address", "metrics_port", "pid")}
-            state["services"][name].update(extra)
-            write_state(state_dir, state)
-            log(f"{name:<16} {info['address']}  (metrics :{info.get('metrics_port')}, pid {proc.pid})")
+            )
+            pending.append((spec, name, proc, script, overlay))
+            proc.start()
+            if together and spec.start_together and i + 1 < len(instances) and instances[i + 1][0] is spec:
+                continue  # the next instance of this service starts before this one is waited for
+            while pending:
+                spec, name, proc, script, overlay = pending[0]
+                info = proc.wait_ready(max(ready_timeout, spec.ready_timeout or 0.0))
+                pending.pop(0)
+                _record(state, state_dir, name, proc, info, script, overlay, log)
     except BaseException:
+        for _spec, _name, proc, _script, _overlay in pending:  # started, not in the state yet: down() cannot see them
+            proc.stop(timeout=5.0)
         down(state_dir, log=lambda _m: None)
         raise
     return state
+
+
+def _record(
+    state: dict,
+    state_dir: Path,
+    name: str,
+    proc: ManagedProcess,
+    info: dict,
+    script: str,
+    overlay: dict[str, str],
+    log: Callable[[str], None],
+) -> None:
+    """A ready instance into the state (and state.json), with the extra endpoints its ready file announced."""
+    state["services"][name] = {
+        "pid": proc.pid,
+        "address": info["address"],
+        "metrics_port": info.get("metrics_port"),
+        "log": str(proc.log_path),
+        "script": script,
+        "env": overlay,
+    }
+    # Extra endpoints a service announces in its ready file (e.g. the relay's data_endpoint).
+    extra = {k: v for k, v in info.items() if k not in ("service", "address", "metrics_port", "pid")}
+    state["services"][name].update(extra)
+    write_state(state_dir, state)
+    log(f"{name:<16} {info['address']}  (metrics :{info.get('metrics_port')}, pid {proc.pid})")
 
 
 def pinned(argv: list[str], env: dict[str, str]) -> list[str]:
