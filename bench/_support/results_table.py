@@ -76,7 +76,7 @@ SOURCES: dict[str, Source] = {
         "python -m bench tracking --on default --pairs 1 --json PATH", "352c5a0", "2026-12-02", X2, "< 1.5 at start",
         "tracking.md"),
     "geo-full.json": Source(
-        "python -m bench geo --steps 5 --configs ideal,rollart,full-lag1,full-lag4 --json PATH", "a059ae1", "2026-12-02", X2,
+        "python -m bench geo --steps 5 --configs ideal,rollart,full-lag1,full-lag4 --json PATH", "3fde3fc", "2026-12-02", X2,
         "< 1.5 at start", "geo.md"),
     "codec-v3-synthetic-92mib-grpo-pair-343mb.json": Source(
         "python -m bench codec --real A B", "ac5b250", "2026-12-02", X2, "1.4-4.4", "weights-codec.md"),
