@@ -71,9 +71,9 @@ X2 = "2 cores Intel Xeon, 24 GiB"
 #: bench/results/<file> -> how it was produced.
 SOURCES: dict[str, Source] = {
     "tracking-overhead-frozenlake-4steps-all.json": Source(
-        "python -m bench tracking --json PATH", "a031c30", "2026-12-02", X2, "< 1.5 at start, up to 7.6", "tracking.md"),
+        "python -m bench tracking --json PATH", "8f525ab", "2026-12-02", X2, "1.4 at start, 7.6 at the end", "tracking.md"),
     "tracking-overhead-frozenlake-4steps-default.json": Source(
-        "python -m bench tracking --on default --pairs 1 --json PATH", "352c5a0", "2026-12-02", X2, "< 1.5 at start",
+        "python -m bench tracking --on default --pairs 1 --json PATH", "a031c30", "2026-12-02", X2, "1.25-2.0",
         "tracking.md"),
     "geo-full.json": Source(
         "python -m bench geo --steps 5 --configs ideal,rollart,full-lag1,full-lag4 --json PATH", "3fde3fc", "2026-12-02", X2,
