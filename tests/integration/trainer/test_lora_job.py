@@ -73,7 +73,7 @@ async def test_bad_lora_is_refused_then_a_lora_job_trains_and_publishes_adapters
     full_bytes = (tiny_model / "model.safetensors").stat().st_size
     assert all(0 < p.version.delta_bytes < full_bytes / 4 for p in published[1:])
     # What the trainer published and the actor verified is the adapter: peft names + the base's hash.
-    ckpts = sorted((tmp_path / "trainer-state" / "checkpoints").glob("ckpt-*"))
+    ckpts = sorted((tmp_path / "trainer-state").glob("jobs/*/checkpoints/ckpt-*"))
     saved = load_safetensors(ckpts[-1] / "model.safetensors")
     assert set(saved.arrays) == set(v0.arrays)
     assert all(".lora_A." in n or ".lora_B." in n for n in saved.arrays if n != "rollart.base_hash")
