@@ -78,6 +78,8 @@ SOURCES: dict[str, Source] = {
     "geo-full.json": Source(
         "python -m bench geo --steps 5 --configs ideal,rollart,full-lag1,full-lag4 --json PATH", "3fde3fc", "2026-12-02", X2,
         "< 1.5 at start", "geo.md"),
+    "lora-frozenlake-tiny-qwen06b4l.json": Source(
+        "python -m bench lora --steps 3 --updates 4 --json PATH", "b87acae", "2026-12-02", X2, "1.47 at start", "lora.md"),
     "codec-v3-synthetic-92mib-grpo-pair-343mb.json": Source(
         "python -m bench codec --real A B", "ac5b250", "2026-12-02", X2, "1.4-4.4", "weights-codec.md"),
     "codec-synthetic-96m-grpo-pair-218m.json": Source(
@@ -135,6 +137,9 @@ SOURCES: dict[str, Source] = {
 #: One line per figure; a table is the rows of its plane, in this order.
 ROWS: list[Row] = [
     # weights: the delta codec, format 3 (the default; synthetic Qwen3-shaped 92 MiB bf16 model; a real GRPO pair of 343 MB)
+    Row("weights", "LoRA: adapter delta bytes / full-weight delta bytes per version, Qwen3-0.6B shapes (4 layers, r 8, lr 5e-4)", "<= 0.05x", "lora-frozenlake-tiny-qwen06b4l.json", "[shape=qwen3-0.6b-4l].bytes_ratio", "{:.3f}x"),
+    Row("weights", "LoRA: adapter delta bytes / full-weight delta bytes, tiny model (3.7M params, r 8)", "<= 0.05x", "lora-frozenlake-tiny-qwen06b4l.json", "[shape=tiny].bytes_ratio", "{:.3f}x"),
+    Row("weights", "LoRA: actor pause to switch adapter versions / full-weight update, tiny model", "<= 0.20x", "lora-frozenlake-tiny-qwen06b4l.json", "[config=pause-tiny-r8-8streams].pause_ratio", "{:.3f}x"),
     Row("weights", "codec: v3 size / XOR + zstd-1, 0.1% changed", "<= 1.00x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 0.1%,method=delta v3].size_vs_xor", "{:.3f}x"),
     Row("weights", "codec: v3 encode speed / XOR + zstd-1 (CPU), 0.1% changed", ">= 2x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 0.1%,method=delta v3].encode_cpu_speedup_vs_xor", "{:.2f}x"),
     Row("weights", "codec: v3 size / XOR + zstd-1, 1% changed", "<= 1.00x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 1%,method=delta v3].size_vs_xor", "{:.3f}x"),
