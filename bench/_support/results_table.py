@@ -144,6 +144,8 @@ ROWS: list[Row] = [
     Row("weights", "codec: v3 encode speed / XOR + zstd-1 (CPU), 0.1% changed", ">= 2x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 0.1%,method=delta v3].encode_cpu_speedup_vs_xor", "{:.2f}x"),
     Row("weights", "codec: v3 size / XOR + zstd-1, 1% changed", "<= 1.00x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 1%,method=delta v3].size_vs_xor", "{:.3f}x"),
     Row("weights", "codec: v3 encode speed / XOR + zstd-1 (CPU), 1% changed", ">= 2x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 1%,method=delta v3].encode_cpu_speedup_vs_xor", "{:.2f}x"),
+    Row("weights", "codec: v3 size / XOR + zstd-1, 3% changed", "<= 1.00x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 3%,method=delta v3].size_vs_xor", "{:.3f}x"),
+    Row("weights", "codec: v3 encode speed / XOR + zstd-1 (CPU), 3% changed", ">= 2x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 3%,method=delta v3].encode_cpu_speedup_vs_xor", "{:.2f}x"),
     Row("weights", "codec: v3 size / XOR + zstd-1, 10% changed", "<= 1.00x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 10%,method=delta v3].size_vs_xor", "{:.3f}x"),
     Row("weights", "codec: v3 encode speed / XOR + zstd-1 (CPU), 10% changed", ">= 2x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 10%,method=delta v3].encode_cpu_speedup_vs_xor", "{:.2f}x"),
     Row("weights", "codec: v3 size / XOR + zstd-1, 50% changed", "<= 1.00x", "codec-v3-synthetic-92mib-grpo-pair-343mb.json", "[case=synthetic 50%,method=delta v3].size_vs_xor", "{:.3f}x"),
