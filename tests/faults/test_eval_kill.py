@@ -22,6 +22,8 @@ from rollart.v1 import envmanager_pb2 as em
 from rollart.v1 import envmanager_pb2_grpc as emg
 from tests.e2e.jobs import cluster_state, finish, job_file, start, tail
 
+from .chaos import SCORE_DEADLINE_SECONDS
+
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -50,7 +52,10 @@ def killed_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("eval-kill")
     section = {"every": 3, "prompts": [{"options": {"desc": d}} for d in HELD_OUT], "samples": 4, "retries": 4,
                "timeout": "120s", "score_target": 0.5}  # fmt: skip
-    cfg = job_file(tmp, job={"max_steps": STEPS}, run={"timeout": "480s"}, eval=section)
+    # a training sample the kill leaves admitted but unscored is redone after the ledger's score deadline: short here
+    ledger_env = {"ledger": {"ROLLART_SCORE_DEADLINE_SECONDS": str(SCORE_DEADLINE_SECONDS)}}
+    cfg = job_file(tmp, job={"max_steps": STEPS}, run={"timeout": "480s"}, eval=section,
+                   cluster={"actors": 2, "env": ledger_env})
     out = tmp / "out"
     proc = start(cfg, out)
     try:

@@ -19,6 +19,8 @@ import yaml
 
 from tests.e2e.jobs import BIN, REPO, cluster_state, finish, job_file, records, start, tail, wait_for_step
 
+from .chaos import SCORE_DEADLINE_SECONDS
+
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -31,9 +33,10 @@ ARITH_CONFIG = json.dumps(
 
 def multitask_file(tmp, **task_overrides) -> tuple:
     """The e2e FrozenLake job (its cached small model) turned into two tasks on two envmanagers."""
-    # batch_timeout above the ledger's score deadline (240 s, docs/ledger.md "Score deadline"): a sample the killed
+    # batch_timeout above the ledger's score deadline (docs/ledger.md "Score deadline"): a sample the killed
     # envmanager admitted but never scored is failed and redone after that deadline, and only then can its
-    # group's batch form (with the e2e jobs' 120 s the step timed out first when the kill landed in between).
+    # group's batch form. The deadline is chaos.SCORE_DEADLINE_SECONDS here, not the default 240 s (which, when
+    # the kill landed between settling and scoring, made this run wait four minutes).
     path = job_file(
         tmp,
         job={"max_steps": STEPS, "batch_size": BATCH, "group_size": G, "batch_timeout": "300s"},
@@ -43,6 +46,7 @@ def multitask_file(tmp, **task_overrides) -> tuple:
     env = data.pop("environment")
     prompts = data["job"].pop("prompts")
     data.pop("loops", None)
+    data.setdefault("cluster", {})["env"] = {"ledger": {"ROLLART_SCORE_DEADLINE_SECONDS": str(SCORE_DEADLINE_SECONDS)}}
     data["tasks"] = [
         {"name": "frozenlake", "environment": env, "prompts": {"seed": prompts.get("seed", 0)}, "loops": 6,
          "envmanager": "envmanager", "affinity": {"pool": "cpu", "allow_fallback": True}},
