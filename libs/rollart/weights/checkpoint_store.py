@@ -137,6 +137,17 @@ def file_sha256(path: str | os.PathLike[str]) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
+def cached_checkpoint(vdir: Path, info: CheckpointInfo, verify: bool) -> Path | None:
+    """A download cache's copy of a version (``vdir/model.safetensors``) when a finished, verified download of the
+    same SHA-256 left its stamp and the size still matches (re-hashed when ``verify``); else None."""
+    path = vdir / CHECKPOINT_FILE
+    stamp = vdir / f".{info.sha256}.verified"
+    if path.exists() and stamp.exists() and path.stat().st_size == info.size:
+        if not verify or file_sha256(path)[0] == info.sha256:
+            return path
+    return None
+
+
 def _describe(path: Path) -> tuple[int, int]:
     """(tensor bytes, tensor count) of a safetensors file, from its header only."""
     header, start = read_header(path)
@@ -528,11 +539,10 @@ class S3Store(CheckpointStore):
     def local_path(self, version: int, *, verify: bool = True) -> Path:
         info = self.info(version)
         vdir = self.cache_root / version_dirname(version)
-        path = vdir / CHECKPOINT_FILE
-        stamp = vdir / f".{info.sha256}.verified"
-        if path.exists() and stamp.exists() and path.stat().st_size == info.size:
-            if not verify or file_sha256(path)[0] == info.sha256:
-                return path
+        cached = cached_checkpoint(vdir, info, verify)
+        if cached is not None:
+            return cached
+        path, stamp = vdir / CHECKPOINT_FILE, vdir / f".{info.sha256}.verified"
         vdir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{CHECKPOINT_FILE}.tmp-", dir=vdir)
         os.close(fd)

@@ -34,7 +34,7 @@ from .checkpoint_store import (
     CheckpointIntegrityError,
     CheckpointNotFoundError,
     CheckpointStore,
-    file_sha256,
+    cached_checkpoint,
     parse_version_dirname,
     version_dirname,
 )
@@ -135,11 +135,10 @@ class HttpStore(CheckpointStore):
     def local_path(self, version: int, *, verify: bool = True) -> Path:
         info = self.info(version)
         vdir = self.cache_root / version_dirname(version)
-        path = vdir / CHECKPOINT_FILE
-        stamp = vdir / f".{info.sha256}.verified"
-        if path.exists() and stamp.exists() and path.stat().st_size == info.size:
-            if not verify or file_sha256(path)[0] == info.sha256:
-                return path
+        cached = cached_checkpoint(vdir, info, verify)
+        if cached is not None:
+            return cached
+        path, stamp = vdir / CHECKPOINT_FILE, vdir / f".{info.sha256}.verified"
         vdir.mkdir(parents=True, exist_ok=True)
         for old in vdir.glob(".*.verified"):
             old.unlink(missing_ok=True)
