@@ -140,6 +140,14 @@ def job_file(
     return path
 
 
+def finished(out: Path, cfg: Path) -> bool:
+    """Whether ``out`` holds a finished run of exactly this job file (--resume keeps it)."""
+    saved, summary = out / "job.yaml", out / "summary.json"
+    if not (summary.is_file() and saved.is_file() and saved.read_text() == cfg.read_text()):
+        return False
+    return json.loads(summary.read_text()).get("state") == "COMPLETED"  # a failed run is run again
+
+
 def summarise(name: str, out: Path, batch: int) -> dict:
     recs = sorted(read_records(out / "metrics.jsonl"), key=lambda r: r["step"])
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
@@ -494,6 +502,11 @@ def main() -> int:
         help="a job-file field applied to every row (rollart run --set syntax), e.g. --set eval.every=2",
     )
     ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep a run already finished in the work folder with the same job file (its summary.json); run the rest",
+    )
+    ap.add_argument(
         "--no-run",
         action="store_true",
         help="run nothing: summarise the rows already in the work folder (e.g. after rerunning some with --only)",
@@ -523,7 +536,10 @@ def main() -> int:
             )
             out = args.work / (name if not seed else f"{name}-seed{seed}")
             t0 = time.monotonic()
-            if args.no_run:
+            if args.resume and finished(out, cfg):
+                print(f"{name:8s} seed {seed}: kept the finished run in {out}", flush=True)
+                code = 0
+            elif args.no_run:
                 if not (out / "metrics.jsonl").is_file():
                     continue
                 code = 0
@@ -531,6 +547,7 @@ def main() -> int:
                 log = io.StringIO()
                 code = run(RunOptions(job_file=cfg, out_dir=out, quiet=True), log=log)
                 (out / "run.log").write_text(log.getvalue())
+                (out / "job.yaml").write_text(cfg.read_text())  # what --resume compares
             loads.append(os.getloadavg()[0])
             one = summarise(name, out, batch=int(yaml.safe_load(cfg.read_text())["job"]["batch_size"]))
             one["seed"] = seed

@@ -3,10 +3,12 @@ to every row (a bad path refused), seeds, medians over seeds where "never" count
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
-from bench.protocol.protocol import ROW_SETS, _median_or_none, combine, job_file, json_rows, validation
+from bench.protocol.protocol import ROW_SETS, _median_or_none, combine, finished, job_file, json_rows, validation
 from rollart.job.spec import SpecError, load_job_file
 
 
@@ -56,3 +58,19 @@ def test_medians_over_seeds_count_never_as_never():
     assert [p["time_to_score_seconds"] for p in obj["per_seed"]] == [40.0, None, 60.0]
     assert [p["seed"] for p in obj["per_seed"]] == [0, 1, 2] and obj["train_time_to_score_seconds"] is None
     assert validation({})["eval_time_to_score_s"] is None  # a run without validation
+
+
+def test_resume_keeps_only_a_completed_run_of_the_same_job_file(tmp_path):
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text("job: {seed: 0}\n")
+    out = tmp_path / "a"
+    out.mkdir()
+    assert not finished(out, cfg)  # nothing there
+    (out / "job.yaml").write_text(cfg.read_text())
+    (out / "summary.json").write_text(json.dumps({"state": "COMPLETED"}))
+    assert finished(out, cfg)
+    cfg.write_text("job: {seed: 1}\n")
+    assert not finished(out, cfg)  # another job file: run again
+    (out / "job.yaml").write_text(cfg.read_text())
+    (out / "summary.json").write_text(json.dumps({"state": "FAILED"}))
+    assert not finished(out, cfg)  # a failed run: run again
