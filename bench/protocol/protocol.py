@@ -56,6 +56,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from rollart.job.evaluation import eval_rows, job_start  # noqa: E402
 from rollart.job.metrics import read_records  # noqa: E402
 from rollart.job.run import RunOptions, improvement, run  # noqa: E402
 from rollart.job.spec import apply_overrides  # noqa: E402
@@ -184,7 +185,18 @@ def summarise(name: str, out: Path, batch: int) -> dict:
         "reward_first10": first,
         "reward_last10": last,
         **validation(summary),
+        "eval_points": eval_points(out / "metrics.jsonl", recs),
     }
+
+
+def eval_points(metrics: Path, recs: list[dict]) -> list[tuple[float, float]]:
+    """(wall seconds since the job's start at which the evaluated policy was current, validation score): the
+    validation curve on summary.json's clock (its time to score is the first point at the target)."""
+    rows = [r for r in eval_rows(metrics) if not r.get("failed")]
+    t0 = job_start(recs, rows)
+    if t0 is None:
+        return []
+    return [(max(float(r.get("policy_at") or t0) - t0, 0.0), float(r["score"])) for r in rows]
 
 
 def validation(summary: dict) -> dict:
@@ -220,6 +232,7 @@ def combine(seeds: list[dict]) -> dict:
         elif isinstance(value, int | float) and not isinstance(value, bool):
             xs = [s[key] for s in seeds if isinstance(s.get(key), int | float)]
             row[key] = statistics.median(xs) if xs else value
+    row["eval_points_seeds"] = [s.get("eval_points", []) for s in seeds]
     row["per_seed"] = [
         {
             "seed": s["seed"],
@@ -367,7 +380,9 @@ def curves(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], path: Path, target: float = 0.8) -> None:
     """Left: the 10-step moving average of the batch reward against wall time, one line per row (where it crosses
-    the target is the time to score). Right: the alpha sweep (async rows): step time and time to score."""
+    the target is the time to score); with validation (--rows tts), the validation score against wall time, every
+    row and seed. Right: the alpha sweep (async rows): step time and time to score; with validation, each row's
+    median validation time to score."""
     try:
         import matplotlib
 
@@ -376,19 +391,48 @@ def plot(rows: list[dict], path: Path, target: float = 0.8) -> None:
     except ImportError:
         return
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=110)
-    for r in rows:
+    validated = any(r.get("eval_points_seeds") and any(r["eval_points_seeds"]) for r in rows)
+    colors = plt.get_cmap("tab10")
+    # one colour per mode; its corrected rows (name "<mode>+<what>") dashed
+    modes = list(dict.fromkeys(_mode(r["name"]) for r in rows))
+    for i, r in enumerate(rows):
+        if validated:
+            i = modes.index(_mode(r["name"]))
+            for k, pts in enumerate(r.get("eval_points_seeds") or []):
+                if pts:
+                    ax.plot([t for t, _ in pts], [m for _, m in pts], color=colors(i % 10), lw=1.4 if k == 0 else 0.6,
+                            alpha=1.0 if k == 0 else 0.45, marker="." if k == 0 else None, ms=3,
+                            ls="-" if _mode(r["name"]) == r["name"] else "--", label=r["name"] if k == 0 else None)  # fmt: skip
+            continue
         pts = r.get("curve") or []
         if pts:
             ax.plot([t for t, _ in pts], [m for _, m in pts], marker=".", ms=3, label=r["name"])
     ax.axhline(target, color="grey", ls="--", lw=0.8)
     ax.set_xlabel("wall time since the first step's start, s")
-    ax.set_ylabel("batch reward, 10-step moving average")
+    ax.set_ylabel(
+        "validation score (mean@n; thin: other seeds)" if validated else "batch reward, 10-step moving average"
+    )
     ax.set_title("time to score (same seeds, same warm start)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    if validated:
+        names = [r["name"] for r in rows]
+        vals = [r.get("eval_time_to_score_s") for r in rows]
+        bx.barh(names, [v or 0 for v in vals], color=[colors(modes.index(_mode(n)) % 10) for n in names])
+        for i, v in enumerate(vals):
+            bx.annotate("not reached" if v is None else f"{v:.0f} s", (v or 0, i), fontsize=7,
+                        textcoords="offset points", xytext=(3, -3))  # fmt: skip
+        bx.invert_yaxis()
+        bx.set_xlabel("validation time to score, s (median over seeds)")
+        bx.set_title(f"time to reach {target:g} on the validation score")
+        bx.grid(alpha=0.3, axis="x")
+        _save(fig, path, plt)
+        return
     sweep = sorted(
-        ((int(r["name"].split("-")[1]), r) for r in rows if r["name"].startswith("async-")), key=lambda x: x[0]
-    )
+        ((int(r["name"].split("-")[1]), r) for r in rows if r["name"].split("-")[0] == "async"
+         and r["name"].split("-")[1].isdigit()),
+        key=lambda x: x[0],
+    )  # fmt: skip
     if sweep:
         alphas = [a for a, _ in sweep]
         bx.plot(alphas, [r["step_s"] for _, r in sweep], marker="o", label="step s (median)")
@@ -413,6 +457,16 @@ def plot(rows: list[dict], path: Path, target: float = 0.8) -> None:
         bx.grid(alpha=0.3)
     else:
         bx.axis("off")
+    _save(fig, path, plt)
+
+
+def _mode(name: str) -> str:
+    """A row's mode: ``async-1`` for ``async-1+tis`` (``sync+`` is a mode)."""
+    head, _, rest = name.partition("+")
+    return head if rest else name
+
+
+def _save(fig, path: Path, plt) -> None:  # noqa: ANN001
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

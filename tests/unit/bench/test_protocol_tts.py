@@ -74,3 +74,15 @@ def test_resume_keeps_only_a_completed_run_of_the_same_job_file(tmp_path):
     (out / "job.yaml").write_text(cfg.read_text())
     (out / "summary.json").write_text(json.dumps({"state": "FAILED"}))
     assert not finished(out, cfg)  # a failed run: run again
+
+
+def test_the_picture_of_a_tts_run_draws_every_row_and_seed(tmp_path):
+    from bench.protocol.protocol import plot
+
+    rows = [
+        {"name": name, "eval_points_seeds": [[(0.0, 0.1), (40.0, 0.5), (80.0, 0.85)], [(0.0, 0.2), (50.0, 0.9)]],
+         "eval_time_to_score_s": tts, "curve": [], "step_s": 7.0}
+        for name, tts in (("sync+", 80.0), ("async-1", None), ("async-1+tis", 50.0))
+    ]  # fmt: skip
+    plot(rows, tmp_path / "curves.png")  # names such as async-1+tis are no alpha sweep
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
