@@ -485,13 +485,15 @@ def _cpu_model() -> str:
 
 def record(text: str, args: argparse.Namespace, loads: list[float]) -> None:
     path = ROOT / "bench" / "notes" / "protocol.md"
-    head = "## Trainer and protocol"
+    head = f"## Time to score on the validation score (--rows {args.rows})" if args.rows else "## Trainer and protocol"
     if args.epochs != 1 or args.pin:
         what = [f"{args.epochs} epochs per batch"] if args.epochs != 1 else []
         what += ["trainer on CPU 0, rollout side on CPU 1"] if args.pin else []
         head += f": {', '.join(what)}"
     only = f" --only {' '.join(args.only)}" if args.only else ""
     only += f" --alphas {' '.join(map(str, args.alphas))}" if args.alphas else ""
+    only += f" --rows {args.rows} --seeds {args.seeds} --target {args.target:g}" if args.rows else ""
+    only += "".join(f" --set {kv}" for kv in args.set)
     cmd = (
         f"`.venv/bin/python -m bench protocol --steps {args.steps} --curve-steps {args.curve_steps} "
         f"--latency {args.latency} --epochs {args.epochs}{' --pin' if args.pin else ''}{only} --record`"
