@@ -832,6 +832,30 @@ class RecordRewardResponse(_message.Message):
     group_ready: bool
     def __init__(self, recorded: _Optional[bool] = ..., reward: _Optional[float] = ..., unknown_trajectory: _Optional[bool] = ..., group_ready: _Optional[bool] = ...) -> None: ...
 
+class ListUnscoredRequest(_message.Message):
+    __slots__ = ("holder_prefix", "max_samples")
+    HOLDER_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    MAX_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    holder_prefix: str
+    max_samples: int
+    def __init__(self, holder_prefix: _Optional[str] = ..., max_samples: _Optional[int] = ...) -> None: ...
+
+class UnscoredSample(_message.Message):
+    __slots__ = ("lease", "trajectory", "admitted_at")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    trajectory: _common_pb2.Trajectory
+    admitted_at: _timestamp_pb2.Timestamp
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., trajectory: _Optional[_Union[_common_pb2.Trajectory, _Mapping]] = ..., admitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListUnscoredResponse(_message.Message):
+    __slots__ = ("samples",)
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[UnscoredSample]
+    def __init__(self, samples: _Optional[_Iterable[_Union[UnscoredSample, _Mapping]]] = ...) -> None: ...
+
 class GetBatchRequest(_message.Message):
     __slots__ = ("step", "batch_size", "current_version", "wait", "allow_partial", "drop_zero_variance", "max_groups")
     STEP_FIELD_NUMBER: _ClassVar[int]

@@ -166,6 +166,11 @@ class LedgerStub:
                 request_serializer=rollart_dot_v1_dot_ledger__pb2.RecordRewardRequest.SerializeToString,
                 response_deserializer=rollart_dot_v1_dot_ledger__pb2.RecordRewardResponse.FromString,
                 _registered_method=True)
+        self.ListUnscored = channel.unary_unary(
+                '/rollart.v1.Ledger/ListUnscored',
+                request_serializer=rollart_dot_v1_dot_ledger__pb2.ListUnscoredRequest.SerializeToString,
+                response_deserializer=rollart_dot_v1_dot_ledger__pb2.ListUnscoredResponse.FromString,
+                _registered_method=True)
         self.GetBatch = channel.unary_unary(
                 '/rollart.v1.Ledger/GetBatch',
                 request_serializer=rollart_dot_v1_dot_ledger__pb2.GetBatchRequest.SerializeToString,
@@ -443,6 +448,17 @@ class LedgerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListUnscored(self, request, context):
+        """The admitted samples still awaiting their reward whose leases' holders
+        start with holder_prefix, oldest admission first, with their
+        trajectories as submitted: a restarted envmanager scores what its
+        previous process settled but never scored, rather than leaving them to
+        the score deadline (RecordReward keeps the first reward). Reads only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetBatch(self, request, context):
         """Returns a batch of complete, scored GRPO groups with at least B samples.
         First evicts every sample outside the staleness window, then blocks until
@@ -604,6 +620,11 @@ def add_LedgerServicer_to_server(servicer, server):
                     servicer.RecordReward,
                     request_deserializer=rollart_dot_v1_dot_ledger__pb2.RecordRewardRequest.FromString,
                     response_serializer=rollart_dot_v1_dot_ledger__pb2.RecordRewardResponse.SerializeToString,
+            ),
+            'ListUnscored': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUnscored,
+                    request_deserializer=rollart_dot_v1_dot_ledger__pb2.ListUnscoredRequest.FromString,
+                    response_serializer=rollart_dot_v1_dot_ledger__pb2.ListUnscoredResponse.SerializeToString,
             ),
             'GetBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.GetBatch,
@@ -1324,6 +1345,33 @@ class Ledger:
             '/rollart.v1.Ledger/RecordReward',
             rollart_dot_v1_dot_ledger__pb2.RecordRewardRequest.SerializeToString,
             rollart_dot_v1_dot_ledger__pb2.RecordRewardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUnscored(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollart.v1.Ledger/ListUnscored',
+            rollart_dot_v1_dot_ledger__pb2.ListUnscoredRequest.SerializeToString,
+            rollart_dot_v1_dot_ledger__pb2.ListUnscoredResponse.FromString,
             options,
             channel_credentials,
             insecure,

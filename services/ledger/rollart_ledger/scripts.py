@@ -51,6 +51,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "submit",
     "submit_batch",
     "record_reward",
+    "list_unscored",
     "get_batch",
     "ack_batch",
     "reap",
@@ -226,6 +227,16 @@ class RewardRecorded:
     reward: float
     unknown_trajectory: bool
     group_ready: bool
+
+
+@dataclass(frozen=True)
+class Unscored:
+    """An admitted sample awaiting its reward: its lease (prompt filled), the trajectory blob as submitted."""
+
+    trajectory_id: str
+    admitted_ms: int
+    lease: lp.Lease
+    trajectory: bytes
 
 
 @dataclass(frozen=True)
@@ -499,6 +510,13 @@ class LedgerScripts:
             "record_reward", [trajectory_id, _flag(failed), repr(reward)]
         )
         return RewardRecorded(bool(recorded), float(value), bool(unknown), bool(ready))
+
+    async def list_unscored(self, *, holder_prefix: str, max_samples: int) -> list[Unscored]:
+        """The samples awaiting their reward settled by holders under ``holder_prefix``, oldest admission first."""
+        rows = await self._run("list_unscored", [holder_prefix, max_samples])
+        return [
+            Unscored(_text(tid), int(float(at)), codec.lease_from_row(row), blob or b"") for tid, at, row, blob in rows
+        ]
 
     async def get_batch(
         self,

@@ -215,6 +215,11 @@ class LedgerService(lg.LedgerServicer):
         validators.record_reward(request)
         return await self.settlement.record_reward(request)
 
+    async def ListUnscored(
+        self, request: lp.ListUnscoredRequest, context: aio.ServicerContext
+    ) -> lp.ListUnscoredResponse:
+        return await self.settlement.list_unscored(request, validators.list_unscored(request))
+
     async def GetBatch(self, request: lp.GetBatchRequest, context: aio.ServicerContext) -> lp.Batch:
         wait = self._wait(validators.get_batch(request), context)
         return await self.settlement.get_batch(request, wait)

@@ -91,6 +91,19 @@ class Settlement(Part):
             group_ready=out.group_ready,
         )
 
+    async def list_unscored(self, request: lp.ListUnscoredRequest, max_samples: int) -> lp.ListUnscoredResponse:
+        found = await self.scripts.list_unscored(holder_prefix=request.holder_prefix, max_samples=max_samples)
+        return lp.ListUnscoredResponse(
+            samples=[
+                lp.UnscoredSample(
+                    lease=u.lease,
+                    trajectory=common_pb2.Trajectory.FromString(u.trajectory),
+                    admitted_at=codec.ts_ms(u.admitted_ms),
+                )
+                for u in found
+            ]
+        )
+
     async def get_batch(self, request: lp.GetBatchRequest, wait: float) -> lp.Batch:
         """The step's batch once enough complete, scored groups are buffered, waiting up to ``wait`` seconds."""
         started = time.monotonic()

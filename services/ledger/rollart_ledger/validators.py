@@ -371,6 +371,14 @@ def record_reward(request: lp.RecordRewardRequest) -> None:
             raise _bad("reward", "reward must be finite")
 
 
+def list_unscored(request: lp.ListUnscoredRequest) -> int:
+    """The most samples to return."""
+    _id("holder_prefix", request.holder_prefix, required=False)
+    if not 0 <= request.max_samples <= MAX_LEASES_PER_CALL:
+        raise _bad("max_samples", f"max_samples must be within [1, {MAX_LEASES_PER_CALL}] (0: 100)")
+    return request.max_samples or 100
+
+
 def get_batch(request: lp.GetBatchRequest) -> float:
     """The wait asked for (seconds)."""
     if request.step < 0:
