@@ -79,7 +79,10 @@ class TestListUnscored:
 def test_the_request_is_checked():
     assert validators.list_unscored(lp.ListUnscoredRequest()) == 100
     assert validators.list_unscored(lp.ListUnscoredRequest(holder_prefix="em-1/g/", max_samples=1000)) == 1000
-    for bad in (lp.ListUnscoredRequest(max_samples=1001), lp.ListUnscoredRequest(max_samples=-1),
-                lp.ListUnscoredRequest(holder_prefix="/bad prefix")):
+    for bad in (
+        lp.ListUnscoredRequest(max_samples=1001),
+        lp.ListUnscoredRequest(max_samples=-1),
+        lp.ListUnscoredRequest(holder_prefix="/bad prefix"),
+    ):
         with pytest.raises(errors.InvalidArgument):
             validators.list_unscored(bad)
