@@ -441,9 +441,11 @@ class Loop:
             scoring = m.start_scoring(traj, spec.reward)  # scoring runs while the ledger settles
         work = [lp.ActorWork(actor_id=a, tokens=int(w[0]), generation_time=dur(w[1])) for a, w in ep.work.items()
                 if a and a != "unknown"]
+        m.recording.add(traj.trajectory_id)  # from before its admission: score_orphans must not score it too
         try:
             resp = await m.submit(traj, self.holder, work, lease)
         except LedgerError as exc:
+            m.recording.discard(traj.trajectory_id)
             # Not a rejection: the ledger never answered (or refused the call itself). Counted as an
             # infrastructure failure with its cause, the lease given back so the sample is redone at once.
             scoring.cancel()
@@ -464,6 +466,7 @@ class Loop:
             m.record_when_scored(traj.trajectory_id, scoring)
             return "ok"
         scoring.cancel()
+        m.recording.discard(traj.trajectory_id)
         self.counters.rejected += 1
         reason = lp.RejectionReason.Name(resp.reason)
         self.last_error = f"trajectory {traj.trajectory_id} rejected: {reason} {resp.detail}".strip()

@@ -61,6 +61,10 @@ from .sandbox import SandboxLimits, live_sandboxes
 log = logging.getLogger(__name__)
 
 
+async def _unscorable(cause: str) -> tuple[None, str]:
+    return None, cause
+
+
 class Manager:
     def __init__(self, cfg: EnvManagerConfig, registry: EnvRegistry | None = None) -> None:
         self.cfg = cfg
@@ -81,6 +85,8 @@ class Manager:
         self.oneoff_tasks: dict[str, asyncio.Task] = {}
         self.failures: Counter[str] = Counter()
         self.rewards_pending = 0
+        # Admitted (or being settled) trajectories whose reward this process records: score_orphans skips them.
+        self.recording: set[str] = set()
         self.draining = False
         self.started_at = now_ts()
         self._tasks: set[asyncio.Task] = set()
@@ -310,7 +316,15 @@ class Manager:
         return None, cause
 
     def record_when_scored(self, trajectory_id: str, scoring: asyncio.Task) -> None:
+        self.recording.add(trajectory_id)
+
         async def record() -> None:
+            try:
+                await _record()
+            finally:
+                self.recording.discard(trajectory_id)
+
+        async def _record() -> None:
             try:
                 outcome, cause = await scoring
             except asyncio.CancelledError:
@@ -331,6 +345,47 @@ class Manager:
                     await asyncio.sleep(0.5 * 2 ** attempt)
 
         self.spawn(record())
+
+    async def score_orphans(self, group: Group) -> int:
+        """Scores the samples a previous process of this envmanager admitted under the group's holders but never
+        scored (killed between Submit and RecordReward): nobody else would, and they would hold their groups until
+        the ledger's score deadline. Their trajectories come back from the ledger, which keeps the first reward
+        recorded: a late one from the old process counts nothing. Returns how many it scores; asks for up to
+        ``settle_retry_seconds`` while the ledger does not answer (then the score deadline is the fallback)."""
+        req = lp.ListUnscoredRequest(holder_prefix=group.holder_prefix + "/", max_samples=1000)
+        deadline = time.monotonic() + self.cfg.settle_retry_seconds
+        delay = 0.2
+        while True:
+            try:
+                stub = await self._ledger()
+                resp = await stub.ListUnscored(req, timeout=self.cfg.rpc_timeout_seconds)
+                break
+            except (aio.AioRpcError, LedgerError) as exc:
+                code = exc.code() if isinstance(exc, aio.AioRpcError) else grpc.StatusCode.UNAVAILABLE
+                if code == grpc.StatusCode.UNAVAILABLE and isinstance(exc, aio.AioRpcError):
+                    await self.peers.ledger.forget()
+                if (code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                        or time.monotonic() > deadline or self._closing):
+                    log.info("unscored samples of a previous process not checked: %s", exc,
+                             extra=log_fields(group_id=group.group_id))
+                    return 0
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        scored = 0
+        for sample in resp.samples:
+            tid = sample.lease.trajectory_id or sample.trajectory.trajectory_id
+            if not tid or tid in self.recording:  # settled by this process: its own scoring records it
+                continue
+            try:
+                scoring = self.start_scoring(sample.trajectory, self.episode_spec(group, sample.lease).reward)
+            except InfraFailure as exc:  # no reward spec here: scoring failed, the ledger re-pools the sample
+                scoring = asyncio.ensure_future(_unscorable(f"{exc.cause}: {exc.message}"))
+            self.record_when_scored(tid, scoring)
+            scored += 1
+        if scored:
+            log.info("scoring the samples a previous process admitted unscored",
+                     extra=log_fields(group_id=group.group_id, samples=scored))
+        return scored
 
     # -- groups and loops --------------------------------------------------------------------------------------
     def episode_spec(self, group: Group, lease: lp.Lease | None, *, seed: int | None = None,
@@ -384,6 +439,7 @@ class Manager:
             loop = Loop(self, group, i)
             group.loops.append(loop)
             loop.task = self.spawn(loop.run(), fresh_context=True)
+        self.spawn(self.score_orphans(group), fresh_context=True)
         log.info("loops started", extra=log_fields(group_id=request.group_id, count=request.count,
                                                     environment=config.environment))
         return group

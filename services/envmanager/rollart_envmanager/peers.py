@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 LEDGER_IDEMPOTENT = tuple(
     f"rollart.v1.Ledger/{m}"
     for m in ("RenewLease", "ReleaseLease", "Submit", "SubmitBatch", "RecordReward", "GetVersion", "GetLease",
-              "GetJobPolicy")
+              "GetJobPolicy", "ListUnscored")
 )
 PROXY_IDEMPOTENT = ("rollart.v1.LLMProxy/Tokenize", "rollart.v1.LLMProxy/Abort")
 REWARD_IDEMPOTENT = ("rollart.v1.Reward/Score",)
