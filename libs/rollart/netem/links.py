@@ -15,7 +15,17 @@
 (the trainer region's checkpoint file server): started as children, ready once they accept a connection,
 restarted when they die (each restart counted), stopped with this process. It writes the ready file once every
 forwarder listens and every server accepts, and the counters (bytes per forwarder and per link direction,
-connections, servers' pids and restarts) every second and when stopped.
+connections, servers' pids and restarts, link faults applied) every second and when stopped.
+
+**Link faults at run time.** Each second it reads, then deletes, the JSON files in its control folder
+(``control_dir``, default ``links-control`` beside the counters file; write one with :func:`request`), each a
+list of actions on a link direction (``link``: ``"train->infer"``, or ``"*"``, the default, for every one)::
+
+    [{"link": "*", "down_s": 30}, {"link": "train->infer", "rate_factor": 0.1, "for_s": 60}]
+
+``down_s``: nothing crosses for that long (connections stay open, bytes wait and TCP back-pressure reaches the
+senders, as on a path whose packets are all lost; new connections are accepted but carry nothing).
+``rate_mbps`` or ``rate_factor`` (of the plan's rate) for ``for_s`` seconds (absent: until the next change).
 """
 
 from __future__ import annotations
@@ -23,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
+import os
 import signal
 import socket
 import subprocess
@@ -51,6 +63,79 @@ def path_spec(link: dict[str, Any]) -> LinkSpec:
         stall_prob=stall_prob,
         stall_s=max(MIN_RTO_S, rtt),
     )
+
+
+class LinkBucket(TokenBucket):
+    """A link direction's shared bucket that the control can take down (nothing released before ``down_until``)
+    and re-rate. Its window keeps its byte cap and stretches instead, so a whole quantum still fits one window
+    at a tenth of the rate (a shorter cap would never admit a quantum) and no window releases above the rate."""
+
+    def __init__(self, rate: float, burst: float, slack: float, now: float, window: RateWindow) -> None:
+        super().__init__(rate, burst, slack, now)
+        self.slack = slack
+        self.window_ = window
+        self.base_rate = rate
+        self.down_until = -math.inf
+
+    def available(self, now: float) -> float:
+        return 0.0 if now < self.down_until else super().available(now)
+
+    def ready_at(self, n: float, now: float) -> float:
+        return super().ready_at(n, max(now, self.down_until))
+
+    def set_rate(self, rate: float, now: float) -> None:
+        self._refill(now)  # what elapsed so far accrued at the old rate
+        self.rate = rate
+        self.cap = self.burst + rate * self.slack
+        self.tokens = min(self.tokens, self.cap)
+        self.window_.window = self.window_.cap / rate
+
+
+CONTROL_KEYS = {"link", "down_s", "rate_mbps", "rate_factor", "for_s"}
+MAX_FAULT_S = 24 * 3600.0
+
+
+def check_action(action: Any, links: Any) -> dict[str, Any]:
+    """One control action, checked (ValueError naming what is wrong); ``link`` defaults to "*" (every one)."""
+    if not isinstance(action, dict):
+        raise ValueError(f"an action is an object, not {action!r}")
+    unknown = set(action) - CONTROL_KEYS
+    if unknown:
+        raise ValueError(f"unknown key(s) {sorted(unknown)} (known: {sorted(CONTROL_KEYS)})")
+    out = {"link": str(action.get("link", "*"))}
+    if out["link"] != "*" and out["link"] not in links:
+        raise ValueError(f"no link {out['link']!r} (links: {', '.join(sorted(links))}, or *)")
+    what = [k for k in ("down_s", "rate_mbps", "rate_factor") if k in action]
+    if len(what) != 1:
+        raise ValueError("an action has exactly one of down_s, rate_mbps, rate_factor")
+    for k in (*what, *(["for_s"] if "for_s" in action else [])):
+        try:
+            v = float(action[k])
+        except (TypeError, ValueError):
+            raise ValueError(f"{k}: {action[k]!r} is not a number") from None
+        if not (0 < v <= (MAX_FAULT_S if k in ("down_s", "for_s") else 1e6)):
+            raise ValueError(f"{k}: {v} is out of range")
+        out[k] = v
+    if "down_s" in out and "for_s" in out:
+        raise ValueError("down_s is its own duration (no for_s)")
+    return out
+
+
+def control_dir(plan: dict[str, Any]) -> Path:
+    return Path(plan.get("control_dir") or Path(plan["counters_file"]).with_name("links-control"))
+
+
+def request(folder: Path | str, actions: list[dict[str, Any]]) -> Path:
+    """Hands ``actions`` to a running links process (its control folder): one file, written whole then renamed,
+    so the process never reads half of it and two requests never overwrite each other."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"{time.time_ns()}-{os.getpid()}"
+    tmp = folder / f".{name}.tmp"
+    tmp.write_text(json.dumps(actions))
+    path = folder / f"{name}.json"
+    tmp.replace(path)
+    return path
 
 
 SERVER_READY_S = 15.0  # a server that does not accept a connection by then fails the links process's start
@@ -121,17 +206,73 @@ class Links:
         self.plan = plan
         self.paths = {name: path_spec(link) for name, link in plan["links"].items()}
         self.emulators: dict[str, tuple[WanEmulator, dict[str, Any]]] = {}
-        self.shared: dict[str, tuple[TokenBucket, RateWindow]] = {}
+        self.shared: dict[str, tuple[LinkBucket, RateWindow]] = {}
         self.servers = [Server(spec) for spec in plan.get("servers", [])]
+        self.faults: list[dict[str, Any]] = []  # control actions applied (and refused), in order
+        self._rate_change: dict[str, int] = {}  # per link: the latest rate change (an older one's end is moot)
 
-    def _shared(self, name: str, emu: WanEmulator) -> tuple[TokenBucket, RateWindow]:
+    def _shared(self, name: str, emu: WanEmulator) -> tuple[LinkBucket, RateWindow]:
         if name not in self.shared:
             p = self.paths[name]
             assert p.link_rate is not None
             now = asyncio.get_running_loop().time()
-            bucket = TokenBucket(p.link_rate, emu.qmin, p.slack_s, now)
-            self.shared[name] = (bucket, RateWindow(p.link_rate, p.window_s))
+            window = RateWindow(p.link_rate, p.window_s)
+            self.shared[name] = (LinkBucket(p.link_rate, emu.qmin, p.slack_s, now, window), window)
         return self.shared[name]
+
+    def apply(self, action: dict[str, Any]) -> dict[str, Any]:
+        """One checked action (:func:`check_action`) now; returns its record (also kept in ``faults``)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        names = list(self.shared) if action["link"] == "*" else [action["link"]]
+        rec = {"at": time.time(), **action, "links": names}
+        for name in names:
+            bucket = self.shared[name][0] if name in self.shared else None
+            if bucket is None:
+                continue  # no forwarder crosses it
+            if "down_s" in action:
+                bucket.down_until = max(bucket.down_until, now + action["down_s"])
+                continue
+            rate = action["rate_mbps"] * 1e6 / 8 if "rate_mbps" in action else bucket.base_rate * action["rate_factor"]
+            bucket.set_rate(rate, now)
+            seq = self._rate_change[name] = self._rate_change.get(name, 0) + 1
+            if "for_s" in action:
+                loop.call_later(action["for_s"], self._restore, name, seq)
+        self.faults.append(rec)
+        self._wake()
+        return rec
+
+    def _restore(self, name: str, seq: int) -> None:
+        if self._rate_change.get(name) != seq:
+            return  # changed again since: that change rules
+        bucket = self.shared[name][0]
+        bucket.set_rate(bucket.base_rate, asyncio.get_running_loop().time())  # its window's length too
+        self.faults.append({"at": time.time(), "link": name, "restored_mbps": bucket.base_rate * 8 / 1e6})
+        self._wake()
+
+    def _wake(self) -> None:
+        """Every emulator's pacer recomputes its next release under the new limits now."""
+        for emu, _ in self.emulators.values():
+            if emu._pacer.active:
+                emu._pacer._schedule(emu._loop.time())
+
+    def poll_control(self) -> None:
+        """Applies the files in the control folder (oldest first) and deletes them; a bad file is refused whole
+        (recorded in ``faults`` with its error)."""
+        folder = control_dir(self.plan)
+        if not folder.is_dir():
+            return
+        for path in sorted(folder.glob("*.json")):
+            try:
+                doc = json.loads(path.read_text())
+                actions = [check_action(a, self.plan["links"]) for a in (doc if isinstance(doc, list) else [doc])]
+            except (OSError, ValueError) as exc:
+                self.faults.append({"at": time.time(), "file": path.name, "refused": str(exc)})
+                print(f"links: control file {path.name} refused: {exc}", file=sys.stderr, flush=True)
+            else:
+                for a in actions:
+                    self.apply(a)
+            path.unlink(missing_ok=True)
 
     async def start(self) -> None:
         for srv in self.servers:
@@ -162,6 +303,8 @@ class Links:
         out = {"at": time.time(), "links": {k: {"bytes": v} for k, v in per_link.items()}, "forwarders": forwarders}
         if self.servers:
             out["servers"] = {s.spec["name"]: s.counters() for s in self.servers}
+        if self.faults:
+            out["faults"] = self.faults
         return out
 
     def write_counters(self) -> None:
@@ -196,6 +339,7 @@ async def serve(plan: dict[str, Any]) -> None:
             await asyncio.wait_for(stop.wait(), 1.0)
         for srv in links.servers:
             await srv.check()
+        links.poll_control()
         links.write_counters()
     await links.stop()
     links.write_counters()

@@ -109,3 +109,72 @@ def test_restart_links_from_its_plan(tmp_path: Path):
             restart_links(tmp_path)
     finally:
         assert stop_pid(info["pid"])
+
+
+def test_control_actions_are_checked():
+    from rollart.netem.links import check_action
+
+    links = {"a->b": {}, "b->a": {}}
+    assert check_action({"down_s": 30}, links) == {"link": "*", "down_s": 30.0}
+    assert check_action({"link": "a->b", "rate_factor": 0.1, "for_s": 60}, links) == {
+        "link": "a->b", "rate_factor": 0.1, "for_s": 60.0}  # fmt: skip
+    for bad, msg in [
+        ({"link": "a->c", "down_s": 1}, "no link"),
+        ({"down_s": 1, "rate_mbps": 2}, "exactly one"),
+        ({}, "exactly one"),
+        ({"down_s": 0}, "out of range"),
+        ({"rate_factor": "x"}, "not a number"),
+        ({"down_s": 1, "for_s": 2}, "own duration"),
+        ({"down": 1}, "unknown key"),
+        ([1], "an object"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            check_action(bad, links)
+
+
+def test_control_takes_a_link_down_and_cuts_its_rate_for_a_while(tmp_path: Path):
+    """A link down for 1 s holds a round trip ~1 s (the connection stays open); its rate / 10 for 2 s makes
+    100 kB take ~10x as long, and then the plan's rate is back. A bad control file is refused, recorded."""
+    from rollart.netem.links import control_dir, request
+
+    async def main() -> tuple[dict, dict]:
+        srv = await asyncio.start_server(_sink, "127.0.1.1", 0)
+        target = f"127.0.1.1:{srv.sockets[0].getsockname()[1]}"
+        plan = {
+            "links": {"a->b": {"rate_mbps": 8, "rtt_ms": 10}, "b->a": {"rate_mbps": 8, "rtt_ms": 10}},
+            "forwarders": [{"name": "b>x", "listen": "127.0.2.2:0", "target": target, "up": "b->a", "down": "a->b"}],
+            "ready_file": str(tmp_path / "ready"),
+            "counters_file": str(tmp_path / "links.json"),
+        }  # fmt: skip
+        links = Links(plan)
+        await links.start()
+        ep = links.emulators["b>x"][0].endpoint
+        times = {"base": (await _roundtrip(ep, b"u" * 100_000))[0]}
+        folder = control_dir(plan)
+        assert folder == tmp_path / "links-control"
+        request(folder, [{"down_s": 1.0}])
+        links.poll_control()
+        assert list(folder.glob("*")) == []  # consumed
+        dt, answer = await _roundtrip(ep, b"")
+        times["down"] = dt
+        assert answer == b"!"
+        request(folder, [{"link": "b->a", "rate_factor": 0.1, "for_s": 2.0}])
+        (folder / "bad.json").write_text('[{"link": "nowhere", "down_s": 1}]')
+        links.poll_control()
+        times["slow"] = (await _roundtrip(ep, b"u" * 100_000))[0]
+        await asyncio.sleep(max(0.0, 2.2 - times["slow"]))
+        times["after"] = (await _roundtrip(ep, b"u" * 100_000))[0]
+        links.write_counters()
+        await links.stop()
+        srv.close()
+        return times, json.loads(Path(plan["counters_file"]).read_text())
+
+    times, counters = asyncio.run(main())
+    assert times["base"] < 0.5 and times["after"] < 0.5, times
+    assert 0.9 <= times["down"] < 2.0, times
+    assert times["slow"] >= 0.9 and times["slow"] > 4 * times["base"], times
+    faults = counters["faults"]
+    assert faults[0]["down_s"] == 1.0 and sorted(faults[0]["links"]) == ["a->b", "b->a"]
+    assert any("refused" in f and "nowhere" in f["refused"] for f in faults)
+    assert any(f.get("rate_factor") == 0.1 and f["links"] == ["b->a"] for f in faults)
+    assert any(f.get("restored_mbps") == 8.0 and f["link"] == "b->a" for f in faults)
