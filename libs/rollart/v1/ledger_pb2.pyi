@@ -833,12 +833,14 @@ class RecordRewardResponse(_message.Message):
     def __init__(self, recorded: _Optional[bool] = ..., reward: _Optional[float] = ..., unknown_trajectory: _Optional[bool] = ..., group_ready: _Optional[bool] = ...) -> None: ...
 
 class ListUnscoredRequest(_message.Message):
-    __slots__ = ("holder_prefix", "max_samples")
+    __slots__ = ("holder_prefix", "max_samples", "page_token")
     HOLDER_PREFIX_FIELD_NUMBER: _ClassVar[int]
     MAX_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     holder_prefix: str
     max_samples: int
-    def __init__(self, holder_prefix: _Optional[str] = ..., max_samples: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, holder_prefix: _Optional[str] = ..., max_samples: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class UnscoredSample(_message.Message):
     __slots__ = ("lease", "trajectory", "admitted_at")
@@ -851,10 +853,12 @@ class UnscoredSample(_message.Message):
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., trajectory: _Optional[_Union[_common_pb2.Trajectory, _Mapping]] = ..., admitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListUnscoredResponse(_message.Message):
-    __slots__ = ("samples",)
+    __slots__ = ("samples", "next_page_token")
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     samples: _containers.RepeatedCompositeFieldContainer[UnscoredSample]
-    def __init__(self, samples: _Optional[_Iterable[_Union[UnscoredSample, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, samples: _Optional[_Iterable[_Union[UnscoredSample, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
     __slots__ = ("step", "batch_size", "current_version", "wait", "allow_partial", "drop_zero_variance", "max_groups")

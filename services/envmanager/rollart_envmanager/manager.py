@@ -354,12 +354,11 @@ class Manager:
         ``settle_retry_seconds`` while the ledger does not answer (then the score deadline is the fallback)."""
         req = lp.ListUnscoredRequest(holder_prefix=group.holder_prefix + "/", max_samples=1000)
         deadline = time.monotonic() + self.cfg.settle_retry_seconds
-        delay = 0.2
+        delay, scored = 0.2, 0
         while True:
             try:
                 stub = await self._ledger()
                 resp = await stub.ListUnscored(req, timeout=self.cfg.rpc_timeout_seconds)
-                break
             except (aio.AioRpcError, LedgerError) as exc:
                 code = exc.code() if isinstance(exc, aio.AioRpcError) else grpc.StatusCode.UNAVAILABLE
                 if code == grpc.StatusCode.UNAVAILABLE and isinstance(exc, aio.AioRpcError):
@@ -368,24 +367,30 @@ class Manager:
                         or time.monotonic() > deadline or self._closing):
                     log.info("unscored samples of a previous process not checked: %s", exc,
                              extra=log_fields(group_id=group.group_id))
-                    return 0
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-        scored = 0
-        for sample in resp.samples:
-            tid = sample.lease.trajectory_id or sample.trajectory.trajectory_id
-            if not tid or tid in self.recording:  # settled by this process: its own scoring records it
+                    break
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
                 continue
-            try:
-                scoring = self.start_scoring(sample.trajectory, self.episode_spec(group, sample.lease).reward)
-            except InfraFailure as exc:  # no reward spec here: scoring failed, the ledger re-pools the sample
-                scoring = asyncio.ensure_future(_unscorable(f"{exc.cause}: {exc.message}"))
-            self.record_when_scored(tid, scoring)
-            scored += 1
+            for sample in resp.samples:
+                scored += self._score_orphan(group, sample)
+            if not resp.next_page_token:
+                break
+            req.page_token = resp.next_page_token
         if scored:
             log.info("scoring the samples a previous process admitted unscored",
                      extra=log_fields(group_id=group.group_id, samples=scored))
         return scored
+
+    def _score_orphan(self, group: Group, sample: lp.UnscoredSample) -> bool:
+        tid = sample.lease.trajectory_id or sample.trajectory.trajectory_id
+        if not tid or tid in self.recording:  # settled by this process: its own scoring records it
+            return False
+        try:
+            scoring = self.start_scoring(sample.trajectory, self.episode_spec(group, sample.lease).reward)
+        except InfraFailure as exc:  # no reward spec here: scoring failed, the ledger re-pools the sample
+            scoring = asyncio.ensure_future(_unscorable(f"{exc.cause}: {exc.message}"))
+        self.record_when_scored(tid, scoring)
+        return True
 
     # -- groups and loops --------------------------------------------------------------------------------------
     def episode_spec(self, group: Group, lease: lp.Lease | None, *, seed: int | None = None,

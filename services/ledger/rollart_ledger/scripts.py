@@ -240,6 +240,12 @@ class Unscored:
 
 
 @dataclass(frozen=True)
+class UnscoredPage:
+    samples: list[Unscored]
+    after: tuple[int, str] | None  # where the next page starts (None: this is the last one)
+
+
+@dataclass(frozen=True)
 class BatchRecord:
     batch_id: str
     samples: int
@@ -511,12 +517,19 @@ class LedgerScripts:
         )
         return RewardRecorded(bool(recorded), float(value), bool(unknown), bool(ready))
 
-    async def list_unscored(self, *, holder_prefix: str, max_samples: int) -> list[Unscored]:
-        """The samples awaiting their reward settled by holders under ``holder_prefix``, oldest admission first."""
-        rows = await self._run("list_unscored", [holder_prefix, max_samples])
-        return [
-            Unscored(_text(tid), int(float(at)), codec.lease_from_row(row), blob or b"") for tid, at, row, blob in rows
+    async def list_unscored(
+        self, *, holder_prefix: str, max_samples: int, max_bytes: int = 32 << 20, after: tuple[int, str] | None = None
+    ) -> UnscoredPage:
+        """A page of the samples awaiting their reward settled by holders under ``holder_prefix``, oldest admission
+        first, after ``after`` (the admission ms and trajectory id a page before ended on); list_unscored.lua."""
+        at, tid = after if after is not None else ("", "")
+        more, at_ms, at_tid, rows = await self._run(
+            "list_unscored", [holder_prefix, max_samples, max_bytes, at, tid]
+        )
+        samples = [
+            Unscored(_text(t), int(float(a)), codec.lease_from_row(row), blob or b"") for t, a, row, blob in rows
         ]
+        return UnscoredPage(samples, (int(float(at_ms)), _text(at_tid)) if int(more) else None)
 
     async def get_batch(
         self,

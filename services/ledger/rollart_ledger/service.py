@@ -218,7 +218,7 @@ class LedgerService(lg.LedgerServicer):
     async def ListUnscored(
         self, request: lp.ListUnscoredRequest, context: aio.ServicerContext
     ) -> lp.ListUnscoredResponse:
-        return await self.settlement.list_unscored(request, validators.list_unscored(request))
+        return await self.settlement.list_unscored(request, *validators.list_unscored(request))
 
     async def GetBatch(self, request: lp.GetBatchRequest, context: aio.ServicerContext) -> lp.Batch:
         wait = self._wait(validators.get_batch(request), context)

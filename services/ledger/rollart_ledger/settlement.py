@@ -91,8 +91,12 @@ class Settlement(Part):
             group_ready=out.group_ready,
         )
 
-    async def list_unscored(self, request: lp.ListUnscoredRequest, max_samples: int) -> lp.ListUnscoredResponse:
-        found = await self.scripts.list_unscored(holder_prefix=request.holder_prefix, max_samples=max_samples)
+    async def list_unscored(
+        self, request: lp.ListUnscoredRequest, max_samples: int, after: tuple[int, str] | None
+    ) -> lp.ListUnscoredResponse:
+        page = await self.scripts.list_unscored(
+            holder_prefix=request.holder_prefix, max_samples=max_samples, after=after
+        )
         return lp.ListUnscoredResponse(
             samples=[
                 lp.UnscoredSample(
@@ -100,8 +104,9 @@ class Settlement(Part):
                     trajectory=common_pb2.Trajectory.FromString(u.trajectory),
                     admitted_at=codec.ts_ms(u.admitted_ms),
                 )
-                for u in found
-            ]
+                for u in page.samples
+            ],
+            next_page_token=f"{page.after[0]}:{page.after[1]}" if page.after else "",
         )
 
     async def get_batch(self, request: lp.GetBatchRequest, wait: float) -> lp.Batch:

@@ -371,12 +371,18 @@ def record_reward(request: lp.RecordRewardRequest) -> None:
             raise _bad("reward", "reward must be finite")
 
 
-def list_unscored(request: lp.ListUnscoredRequest) -> int:
-    """The most samples to return."""
+def list_unscored(request: lp.ListUnscoredRequest) -> tuple[int, tuple[int, str] | None]:
+    """The most samples of the page and where it starts (``page_token``: admission ms and trajectory id)."""
     _id("holder_prefix", request.holder_prefix, required=False)
     if not 0 <= request.max_samples <= MAX_LEASES_PER_CALL:
         raise _bad("max_samples", f"max_samples must be within [1, {MAX_LEASES_PER_CALL}] (0: 100)")
-    return request.max_samples or 100
+    after = None
+    if request.page_token:
+        at, _, tid = request.page_token.partition(":")
+        if not at.isdigit() or not ids.is_id(tid):
+            raise _bad("page_token", "page_token is malformed")
+        after = (int(at), tid)
+    return request.max_samples or 100, after
 
 
 def get_batch(request: lp.GetBatchRequest) -> float:

@@ -130,6 +130,33 @@ def test_duplicate_submission_counts_once(ledger):
     assert s.GetLease(lp.GetLeaseRequest(lease_id=b.lease_id), metadata=md).state == lp.LEASE_STATE_ACTIVE
 
 
+def test_unscored_samples_are_listed_under_their_holders_prefix_until_scored(ledger):
+    s, md = ledger.stub, ledger.md
+    policy(s, md)
+    setup_versions(s, md, 1)
+    prompts(s, md, 2, group_size=2)
+    a, b = acquire(s, md, "em-1/g/0", 2)
+    (c,) = acquire(s, md, "em-2/g/0", 1)
+    va = submit(s, md, a, reward=None)
+    submit(s, md, b)  # scored at settlement
+    time.sleep(0.01)
+    submit(s, md, c, reward=None)
+    got = s.ListUnscored(lp.ListUnscoredRequest(holder_prefix="em-1/"), metadata=md)
+    (u,) = got.samples
+    assert u.lease.lease_id == a.lease_id and u.lease.state == lp.LEASE_STATE_SETTLED and u.lease.prompt.prompt_id
+    assert u.trajectory.trajectory_id == va.lease.trajectory_id == u.lease.trajectory_id
+    assert list(u.trajectory.turns[0].action_versions) == [0, 0, 0]
+    assert u.admitted_at.ToMilliseconds() > 0 and not got.next_page_token
+    # every holder's, one sample a page
+    first = s.ListUnscored(lp.ListUnscoredRequest(max_samples=1), metadata=md)
+    assert [x.lease.lease_id for x in first.samples] == [a.lease_id] and first.next_page_token
+    rest = s.ListUnscored(lp.ListUnscoredRequest(max_samples=1, page_token=first.next_page_token), metadata=md)
+    assert [x.lease.lease_id for x in rest.samples] == [c.lease_id] and not rest.next_page_token
+    reward = common_pb2.RewardOutcome(reward=0.5)
+    assert s.RecordReward(lp.RecordRewardRequest(trajectory_id=u.lease.trajectory_id, reward=reward), metadata=md).recorded
+    assert not s.ListUnscored(lp.ListUnscoredRequest(holder_prefix="em-1/"), metadata=md).samples
+
+
 def test_rewards_recorded_later_and_get_batch_waits_for_complete_groups(ledger):
     s, md = ledger.stub, ledger.md
     policy(s, md)

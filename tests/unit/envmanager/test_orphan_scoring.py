@@ -26,10 +26,15 @@ class FakeLedger:
         self.recorded: list[lp.RecordRewardRequest] = []
 
     async def ListUnscored(self, request: lp.ListUnscoredRequest, timeout: float) -> lp.ListUnscoredResponse:
-        self.asked.append(request)
+        asked = lp.ListUnscoredRequest()
+        asked.CopyFrom(request)
+        self.asked.append(asked)
         if self.failures:
             raise aio.AioRpcError(self.failures.pop(0), aio.Metadata(), aio.Metadata(), details="not now")
-        return lp.ListUnscoredResponse(samples=self.samples)
+        # two samples a page; the token is the index of the next one
+        at = int(request.page_token or 0)
+        more = at + 2 < len(self.samples)
+        return lp.ListUnscoredResponse(samples=self.samples[at : at + 2], next_page_token=str(at + 2) if more else "")
 
     async def RecordReward(self, request: lp.RecordRewardRequest, timeout: float) -> lp.RecordRewardResponse:
         self.recorded.append(request)
@@ -94,7 +99,7 @@ def test_scores_each_orphan_once_with_its_trajectory_and_prompt_spec_and_skips_i
     ledger, reward = FakeLedger([sample("ta"), sample("tb"), sample("tc", holder="em-1/g/3")]), FakeReward()
     n, m = asyncio.run(orphans(ledger, reward, own=("tb",)))
     assert n == 2
-    assert [r.holder_prefix for r in ledger.asked] == ["em-1/g/"]  # this group's holders only
+    assert [(r.holder_prefix, r.page_token) for r in ledger.asked] == [("em-1/g/", ""), ("em-1/g/", "2")]
     assert [r.trajectory.trajectory_id for r in reward.requests] == ["ta", "tc"]
     assert all(r.spec == MATH for r in reward.requests)
     assert [(r.trajectory_id, r.failed, r.reward.reward) for r in ledger.recorded] == [

@@ -18,7 +18,8 @@ def blob(tid: str) -> bytes:
 
 
 async def listed(store, prefix: str = "", n: int = 100) -> list[str]:
-    return [u.trajectory_id for u in await store.scripts.list_unscored(holder_prefix=prefix, max_samples=n)]
+    page = await store.scripts.list_unscored(holder_prefix=prefix, max_samples=n)
+    return [u.trajectory_id for u in page.samples]
 
 
 class TestListUnscored:
@@ -35,9 +36,9 @@ class TestListUnscored:
         await store.submit(c, tid="tc")  # scored at settlement
         await store.submit(d, tid="td", scored=False)
         await store.submit(e, tid="te", ok=False)  # rejected
-        got = await store.scripts.list_unscored(holder_prefix="em-1/", max_samples=100)
-        assert [u.trajectory_id for u in got] == ["tb", "ta"]
-        u = got[0]
+        page = await store.scripts.list_unscored(holder_prefix="em-1/", max_samples=100)
+        assert [u.trajectory_id for u in page.samples] == ["tb", "ta"] and page.after is None
+        u = page.samples[0]
         assert u.lease.lease_id == b.lease_id and u.lease.state == lp.LEASE_STATE_SETTLED
         assert u.lease.trajectory_id == "tb" and u.lease.holder == "em-1/g/1" and u.lease.prompt.prompt_id
         assert common_pb2.Trajectory.FromString(u.trajectory).trajectory_id == "tb"
@@ -64,7 +65,7 @@ class TestListUnscored:
         await store.submit(a, tid="ta", scored=False)
         await store.submit(b, tid="tb")
         assert await store.zmembers("ready") == []  # the group waits for ta's reward
-        [u] = await store.scripts.list_unscored(holder_prefix="em/", max_samples=10)
+        [u] = (await store.scripts.list_unscored(holder_prefix="em/", max_samples=10)).samples
         first = await store.scripts.record_reward(trajectory_id=u.trajectory_id, failed=False, reward=0.75)
         assert first.recorded and first.group_ready
         late = await store.scripts.record_reward(trajectory_id="ta", failed=False, reward=0.1)  # the old process
@@ -75,14 +76,41 @@ class TestListUnscored:
         assert await store.zmembers("ready") == [a.group_id] and "reward_failed" not in await store.hash("stats")
         assert await listed(store, "em/") == []
 
+    async def test_pages_by_count_and_bytes_go_through_every_sample_once(self, store):
+        await store.ready_job(groups=3)
+        leases = await store.acquire(holder="em/0", n=6)
+        tids = [f"t{i}" for i in range(6)]
+        for le, tid in zip(leases, tids):
+            await store.submit(le, tid=tid, scored=False, trajectory=blob(tid))  # several in one ms: ties by id
+        order = await store.zmembers("unscored")
+        assert sorted(order) == tids
+        for kw in ({"max_samples": 4}, {"max_samples": 1}, {"max_samples": 100, "max_bytes": 1}):
+            seen, after, pages = [], None, 0
+            while True:
+                page = await store.scripts.list_unscored(holder_prefix="em/", after=after, **kw)
+                seen += [u.trajectory_id for u in page.samples]
+                pages += 1
+                if page.after is None:
+                    break
+                after = page.after
+            assert seen == order and pages >= 2, kw  # the index's order, each once
+        # a page after the last sample is empty and the last
+        last = await store.scripts.list_unscored(holder_prefix="em/", max_samples=6)
+        assert last.after is None and len(last.samples) == 6
+
 
 def test_the_request_is_checked():
-    assert validators.list_unscored(lp.ListUnscoredRequest()) == 100
-    assert validators.list_unscored(lp.ListUnscoredRequest(holder_prefix="em-1/g/", max_samples=1000)) == 1000
+    assert validators.list_unscored(lp.ListUnscoredRequest()) == (100, None)
+    got = validators.list_unscored(
+        lp.ListUnscoredRequest(holder_prefix="em-1/g/", max_samples=1000, page_token="17:t-1")
+    )
+    assert got == (1000, (17, "t-1"))
     for bad in (
         lp.ListUnscoredRequest(max_samples=1001),
         lp.ListUnscoredRequest(max_samples=-1),
         lp.ListUnscoredRequest(holder_prefix="/bad prefix"),
+        lp.ListUnscoredRequest(page_token="17"),
+        lp.ListUnscoredRequest(page_token="x:t-1"),
     ):
         with pytest.raises(errors.InvalidArgument):
             validators.list_unscored(bad)
