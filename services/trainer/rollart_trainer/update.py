@@ -43,7 +43,6 @@ class _Load:
     """One background full-weight load RPC of an actor (at most one in flight per actor)."""
 
     actor_id: str
-    endpoint: str
     version: int
     task: asyncio.Task | None = None
     error: str = ""
@@ -241,10 +240,9 @@ class Updater:
         """Full-weight update: every live actor pulls v's buckets or loads v's checkpoint, applied at once."""
         actors = [a for a in await self.live_actors() if self._known(a) != v and a.endpoint]
 
-        async def one(a: ledger_pb2.LedgerActor) -> None:
-            await self._load_rpc(a.endpoint, v, version)
-
-        results = await asyncio.gather(*(one(a) for a in actors), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self._load_rpc(a.endpoint, v, version) for a in actors), return_exceptions=True
+        )
         for a, r in zip(actors, results):
             if isinstance(r, BaseException):
                 log.warning("full-weight update of %s to v%d failed: %s", a.actor_id, v, r)
@@ -296,7 +294,7 @@ class Updater:
 
     def _start(self, actor_id: str, endpoint: str, reg: int, version: common_pb2.PolicyVersion) -> _Load:
         v = version.version
-        load = _Load(actor_id, endpoint, v)
+        load = _Load(actor_id, v)
         if actor_id in self._loads and self._loads[actor_id].error:
             log.info("retrying the full-weight load of %s (to v%d)", actor_id, v)
 
