@@ -29,7 +29,24 @@ What the full rows are: each of the region's two actors GETs its own copy (no re
 version costs the link 2 x 14 s; and the trainer loads full weights inside every step's UPDATE phase whatever
 ``alpha`` is (alpha bounds admission only), so full-lag2/4 differ from full-lag1 by admission, not by overlap.
 
+Beyond the reference rows (each an option; without them the rows above run as they always did):
+
+- ``--rates LIST`` (``sweep``: 0.15,0.3,0.6,1.2,2.4,6 Mbit/s, 40x): every linked row at each rate (run folder
+  ``CONFIG@RATE``); the ideal row once. The sweep's spread is printed: exposed transfer slowest rate / fastest
+  (a delta's should stay within 2x, a full row's follow 1/bandwidth: exposed transfer x rate about constant).
+- ``rollart-uniform`` / ``rollart-proportional``: the rollart row with ``actor-2`` slowed by its engine
+  (``--slow-env``, default ROLLART_MAX_NUM_SEQS=2: at most 2 sequences a batch against the other's 64),
+  against the ledger's batch split per actor: uniform (``UNIFORM_SET``) or in proportion to tau, the default.
+  Each row carries ``actor_settled_tokens`` (the ledger's, per actor) and, proportional, ``proportional_gain``.
+- ``--fault SPEC`` (bench/protocol/geo_faults.py; ``down:30@step3``, ``rate/10:60@step3``): injected into every
+  linked row through the links process's control folder; the row carries ``faults`` and is no reference.
+- PNGs beside ``--json``: ``-bandwidth.png`` (step time and exposed transfer against the rate, a sweep) and
+  ``-timeline.png`` (five consecutive steps per row, as the seed's execution timeline), from each row's
+  ``timeline`` (its steps from metrics.jsonl); ``python -m bench geo --plot ROWS.json`` redraws them.
+- ``full-streams`` (full weights over S parallel HTTP streams) is not built: the checkpoint download is one stream.
+
     python -m bench geo --steps 6 --configs ideal,rollart,full-lag1,full-lag4 --json bench/results/geo-smoke.json
+    python -m bench geo --steps 6 --rates sweep --configs ideal,rollart,full-lag1 --json bench/results/geo-sweep.json
 """
 
 from __future__ import annotations
@@ -39,11 +56,15 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from bench.protocol import geo_plot
+from bench.protocol.geo_faults import Fault, Schedule, check_faults, last_step, parse_fault
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "examples" / "geo.yaml"
@@ -64,11 +85,44 @@ def medians(metrics: Path, first: int = 3) -> dict[str, float]:
     }
 
 
-CONFIGS = ("ideal", "rollart", "full-lag1", "full-lag2", "full-lag4")
+def step_timeline(metrics: Path) -> list[dict[str, float]]:
+    """Every training step of a run as metrics.jsonl has it: its time and its parts (for the timeline PNG)."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [
+        {
+            "step": r["step"],
+            "step_seconds": r["step_seconds"],
+            "generation_seconds": r.get("get_batch_seconds", 0.0),
+            "train_seconds": r.get("train_seconds", 0.0),
+            "transfer_exposed_seconds": r.get("update_seconds", 0.0),
+            "finished_at": r.get("finished_at"),
+        }
+        for r in sorted(rows, key=lambda r: r.get("step", 0))
+        if "step_seconds" in r and r.get("kind", "step") == "step"
+    ]
 
 
-def config_sets(config: str, links: dict[str, Any], rate_mbps: float | None) -> tuple[list[str], float | None]:
+CONFIGS = ("ideal", "rollart", "full-lag1", "full-lag2", "full-lag4", "rollart-uniform", "rollart-proportional")
+NOT_BUILT = {
+    "full-streams": "not built: the checkpoint HTTP download (rollart.weights.http_store) is one stream",
+}
+SWEEP_RATES = (0.15, 0.3, 0.6, 1.2, 2.4, 6.0)  # Mbit/s each way: 40x around examples/geo.yaml's 0.6
+HETERO = ("rollart-uniform", "rollart-proportional")
+SLOW_ACTOR = "actor-2"
+# An engine with room for 2 sequences at a time against the other actor's 64 (run.py's default): the same
+# engine and model, a smaller batch per forward pass, so it decodes the region's trajectories 2-3x slower.
+SLOW_ENV = {"ROLLART_MAX_NUM_SEQS": "2"}
+# The trainer hands job.options "ledger.*" to the ledger's JobPolicy; "allocation" is requested
+# (/tmp/coord/REQUESTS.md) and ignored until then.
+UNIFORM_SET = "job.options.ledger.allocation=uniform"
+
+
+def config_sets(
+    config: str, links: dict[str, Any], rate_mbps: float | None, slow_env: dict[str, str] | None = None
+) -> tuple[list[str], float | None]:
     """The job file's overrides of one row, and its link rate (None: no link)."""
+    if config in NOT_BUILT:
+        raise ValueError(f"{config}: {NOT_BUILT[config]}")
     if config not in CONFIGS:
         raise ValueError(f"unknown config {config!r} ({', '.join(CONFIGS)})")
     if config == "ideal":
@@ -80,7 +134,18 @@ def config_sets(config: str, links: dict[str, Any], rate_mbps: float | None) -> 
         link_mbps = rate_mbps
     if config.startswith("full-lag"):
         sets += ["job.publish.weight_sync=full_checkpoint", f"job.alpha={int(config.removeprefix('full-lag'))}"]
+    if config in HETERO:
+        env = SLOW_ENV if slow_env is None else slow_env
+        sets += [f"cluster.env.{SLOW_ACTOR}.{k}={v}" for k, v in env.items()]
+        if config == "rollart-uniform":
+            sets.append(UNIFORM_SET)
     return sets, link_mbps
+
+
+def run_dir(out: Path, config: str, rate_mbps: float | None, sweep: bool, faults: bool) -> Path:
+    """A row's run folder: ``CONFIG``, in a sweep ``CONFIG@RATE``, with faults ``+faults`` after it."""
+    name = config if not sweep or config == "ideal" else f"{config}@{rate_mbps:g}"
+    return out / (name + ("+faults" if faults and config != "ideal" else ""))
 
 
 def published_delta_bytes(out: Path) -> list[int]:
@@ -108,28 +173,74 @@ def full_bytes(out: Path, model_dir: str | None) -> int | None:
     return None
 
 
+def file_rate(job: dict[str, Any]) -> float:
+    """The job file's link rate (its slowest direction)."""
+    return min(float(v["rate_mbps"]) for v in job["cluster"]["regions"]["links"].values())
+
+
+def rollart_run(argv: list[str], out: Path, faults: list[Fault]) -> tuple[int, str, list[dict[str, Any]]]:
+    """Runs ``rollart run`` to its end, injecting ``faults`` as its steps pass; (exit code, stderr's end,
+    the faults injected)."""
+    schedule = Schedule(list(faults), out)
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+        while proc.poll() is None:
+            if schedule.pending:
+                schedule.poll(last_step(out / "metrics.jsonl"))
+            time.sleep(0.5)
+        err.seek(0)
+        tail = err.read().decode(errors="replace")[-3000:]
+    return proc.returncode, tail, schedule.applied
+
+
 def run_mode(
-    config: str, out: Path, steps: int, model_dir: str | None, rate_mbps: float | None, timeout: float
+    config: str,
+    out: Path,
+    steps: int,
+    model_dir: str | None,
+    rate_mbps: float | None,
+    timeout: float,
+    *,
+    faults: list[Fault] | None = None,
+    slow_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     sets = [f"job.max_steps={steps}", "eval.every=0", "eval.at_start=false"]
     if model_dir:
         sets.append(f"model.dir={model_dir}")
     job = yaml.safe_load(JOB.read_text())
-    more, link_mbps = config_sets(config, job["cluster"]["regions"]["links"], rate_mbps)
+    more, link_mbps = config_sets(config, job["cluster"]["regions"]["links"], rate_mbps, slow_env)
     sets += more
+    faults = faults if link_mbps is not None else []  # no link, nothing to break
     argv = [str(Path(sys.executable).parent / "rollart"), "run", str(JOB), "--out", str(out), "--quiet"]
     argv += ["--timeout", str(timeout)]
     for s in sets:
         argv += ["--set", s]
     t0 = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    code, stderr, injected = rollart_run(argv, out, faults or [])
     wall = time.monotonic() - t0
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     metrics = out / "metrics.jsonl"
     if not metrics.exists() or summary.get("steps", 0) < 1:
-        raise RuntimeError(f"{config}: rollart run exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{config}: rollart run exited {code}:\n{stderr}")
+    return build_row(config, job, link_mbps, out, summary, wall, injected, model_dir, slow_env)
+
+
+def build_row(
+    config: str,
+    job: dict[str, Any],
+    link_mbps: float | None,
+    out: Path,
+    summary: dict[str, Any],
+    wall: float,
+    faults: list[dict[str, Any]],
+    model_dir: str | None = None,
+    slow_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One row from a finished run's folder (metrics.jsonl, summary.json, the trainer's log)."""
+    metrics = out / "metrics.jsonl"
     m = medians(metrics)  # a run stopped by --timeout still gives the steps it made (its state says so)
     batch = int(job["job"]["batch_size"])
+    reference = (link_mbps is None or link_mbps == file_rate(job)) and not faults and config not in HETERO
     row: dict[str, Any] = {
         "config": config,
         "link_mbps": link_mbps,
@@ -142,8 +253,16 @@ def run_mode(
         "wall_seconds": wall,
         "reward_last10": summary.get("reward_last10"),
         "state": summary.get("state"),
-        "reference": not rate_mbps,  # run at the seed's ratio (examples/geo.yaml's link)
+        "reference": reference,  # run at the seed's ratio (examples/geo.yaml's link), nothing else changed
+        "timeline": step_timeline(metrics),
     }
+    if faults:
+        row["faults"] = faults
+    if config in HETERO:
+        row["slow_actor"] = {"instance": SLOW_ACTOR, "env": SLOW_ENV if slow_env is None else slow_env}
+        row["allocation"] = config.removeprefix("rollart-")
+        actors = (summary.get("final") or {}).get("actors") or {}
+        row["actor_settled_tokens"] = {a: int(v.get("settled_tokens", 0)) for a, v in sorted(actors.items())}
     size = full_bytes(out, model_dir)
     row["full_bytes"] = size
     if size and link_mbps:
@@ -164,38 +283,120 @@ def run_mode(
         ckpt = [v["bytes_down"] for k, v in links_seen["forwarders"].items() if k.endswith(">checkpoints")]
         if ckpt:
             row["checkpoint_link_bytes"] = sum(ckpt)
+        if links_seen.get("faults"):
+            row["link_faults"] = links_seen["faults"]  # what the links process applied, and when
     return row
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """ratio_to_ideal on every row; rollart_speedup (rollart's samples/s over the row's) on the full rows; the
-    full transfer over the ideal step, its generation window (window_ratio)."""
-    by = {r["config"]: r for r in rows}
-    ideal, rollart = by.get("ideal"), by.get("rollart")
+    """ratio_to_ideal on every row; rollart_speedup (rollart's samples/s over the row's, at the same rate) on the
+    full rows; the full transfer over the ideal step, its generation window (window_ratio); proportional_gain
+    (samples/s over rollart-uniform's at the same rate) on rollart-proportional. Rows with faults are no base."""
+    by = {(r["config"], r.get("link_mbps")): r for r in rows if not r.get("faults")}
+    ideal = next((r for (c, _), r in by.items() if c == "ideal"), None)
     for r in rows:
         if ideal:
             r["ratio_to_ideal"] = r["samples_per_second"] / ideal["samples_per_second"]
             if r.get("full_transfer_seconds") and ideal["step_seconds"]:
                 r["window_ratio"] = r["full_transfer_seconds"] / ideal["step_seconds"]
+        rollart = by.get(("rollart", r.get("link_mbps")))
         if rollart and r["config"].startswith("full"):
             r["rollart_speedup"] = rollart["samples_per_second"] / r["samples_per_second"]
+        uniform = by.get(("rollart-uniform", r.get("link_mbps")))
+        if uniform and r["config"] == "rollart-proportional":
+            r["proportional_gain"] = r["samples_per_second"] / uniform["samples_per_second"]
+
+
+def sweep_summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per mode with two rates or more: its rates, exposed transfer at each, that transfer slowest rate over
+    fastest (``transfer_spread``; a delta's target: within 2x) and the spread of transfer x rate
+    (``bandwidth_product_spread``: near 1 when the transfer follows 1/bandwidth)."""
+    out: dict[str, dict[str, Any]] = {}
+    for mode in dict.fromkeys(r["config"] for r in rows):
+        pts = sorted(
+            (float(r["link_mbps"]), float(r["transfer_exposed_seconds"])) for r in rows
+            if r["config"] == mode and r.get("link_mbps") is not None and not r.get("faults")
+        )  # fmt: skip
+        if len({x for x, _ in pts}) < 2:
+            continue
+        slow, fast = pts[0][1], pts[-1][1]
+        products = [x * t for x, t in pts]
+        out[mode] = {
+            "rates": [x for x, _ in pts],
+            "transfer_exposed_seconds": [t for _, t in pts],
+            "transfer_spread": slow / fast if fast > 0 else None,
+            "bandwidth_product_spread": max(products) / min(products) if min(products) > 0 else None,
+        }
+    return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     cols = [
         ("config", "{}"), ("link_mbps", "{}"), ("samples_per_second", "{:.2f}"), ("step_seconds", "{:.2f}"),
-        ("transfer_exposed_seconds", "{:.2f}"), ("generation_seconds", "{:.2f}"), ("ratio_to_ideal", "{:.3f}"),
+        ("transfer_exposed_seconds", "{:.2f}"), ("generation_seconds", "{:.2f}"), ("train_seconds", "{:.2f}"),
+        ("ratio_to_ideal", "{:.3f}"),
         ("rollart_speedup", "{:.2f}"), ("delta_density", "{:.3f}"), ("window_ratio", "{:.2f}"),
+        ("proportional_gain", "{:.2f}"),
     ]  # fmt: skip
-    lines = ["  ".join(f"{c:>12}" if c != "config" else f"{c:<10}" for c, _ in cols)]
+    lines = ["  ".join(f"{c:>12}" if c != "config" else f"{c:<20}" for c, _ in cols)]
     for r in rows:
         cells = []
         for c, fmt in cols:
             v = r.get(c)
             text = "-" if v is None else fmt.format(v)
-            cells.append(f"{text:<10}" if c == "config" else f"{text:>12}")
+            if c == "config" and r.get("faults"):
+                text += " +faults"
+            cells.append(f"{text:<20}" if c == "config" else f"{text:>12}")
         lines.append("  ".join(cells))
     return "\n".join(lines)
+
+
+def parse_rates(text: str) -> list[float]:
+    """``--rates``: Mbit/s, comma-separated, or ``sweep`` (SWEEP_RATES)."""
+    if text.strip() == "sweep":
+        return list(SWEEP_RATES)
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--rates {text!r}: numbers (Mbit/s), comma-separated, or sweep") from None
+    if not rates or any(r <= 0 for r in rates):
+        raise ValueError(f"--rates {text!r}: at least one rate, each above 0")
+    return sorted(dict.fromkeys(rates))
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    """``--slow-env KEY=VALUE`` (repeated) as a mapping."""
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--slow-env {item!r}: expected KEY=VALUE")
+        env[key.strip()] = value
+    return env
+
+
+def plan_rows(configs: list[str], rates: list[float] | None, rate_mbps: float | None) -> list[tuple[str, float | None]]:
+    """(config, rate override) of each run in order: without ``rates`` one run per config at ``rate_mbps``;
+    with them the ideal row once and every other config at each rate, rate by rate."""
+    if not rates:
+        return [(c, rate_mbps) for c in configs]
+    runs: list[tuple[str, float | None]] = [("ideal", None)] if "ideal" in configs else []
+    return runs + [(c, r) for r in rates for c in configs if c != "ideal"]
+
+
+def write_outputs(rows: list[dict[str, Any]], path: Path, rows_too: bool = True) -> list[Path]:
+    """The rows as JSON at ``path`` (unless not ``rows_too``) and the PNGs beside it; the files written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    if rows_too:
+        path.write_text(json.dumps(rows, indent=2) + "\n")
+        written.append(path)
+    stem = path.with_suffix("")
+    for name, draw in (("bandwidth", geo_plot.plot_bandwidth), ("timeline", geo_plot.plot_timeline)):
+        png = stem.with_name(f"{stem.name}-{name}.png")
+        if draw(rows, png):
+            written.append(png)
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,25 +408,58 @@ def main(argv: list[str] | None = None) -> int:
         help=f"rows to run, comma-separated: {', '.join(CONFIGS)}",
     )
     ap.add_argument("--rate-mbps", type=float, help="the link's rate both ways (default: examples/geo.yaml's)")
+    ap.add_argument(
+        "--rates", help="a bandwidth sweep: every linked row at each rate, Mbit/s comma-separated, or 'sweep' "
+        f"({','.join(f'{r:g}' for r in SWEEP_RATES)})"
+    )  # fmt: skip
+    ap.add_argument(
+        "--fault", action="append", default=[], metavar="SPEC",
+        help="a link fault in every linked row, e.g. down:30@step3, rate/10:60@step3+2s, train->infer=down:30@step3",
+    )  # fmt: skip
+    ap.add_argument(
+        "--slow-env", action="append", default=[], metavar="KEY=VALUE",
+        help=f"the slowed actor's environment in rollart-uniform/-proportional (default: {SLOW_ENV})",
+    )  # fmt: skip
     ap.add_argument("--model-dir", help="model.dir for every run (a built warm start is reused by recipe)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it is stopped")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-geo"), help="run folders (one per config)")
-    ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--json", type=Path, help="write the rows here (and the PNGs beside it)")
+    ap.add_argument("--plot", type=Path, metavar="ROWS.json", help="only draw the PNGs of saved rows, then exit")
     a = ap.parse_args(argv)
-    rows = []
+    if a.plot:
+        rows = json.loads(a.plot.read_text())
+        for path in write_outputs(rows, a.plot, rows_too=False):
+            print(path)
+        return 0
     configs = a.configs.split(",")
     for config in configs:
+        if config in NOT_BUILT:
+            ap.error(f"--configs: {config}: {NOT_BUILT[config]}")
         if config not in CONFIGS:
             ap.error(f"--configs: unknown config {config!r} ({', '.join(CONFIGS)})")
-    for config in configs:
-        row = run_mode(config, a.out.resolve() / config, a.steps, a.model_dir, a.rate_mbps, a.timeout)
-        print(json.dumps(row), flush=True)
+    try:
+        rates = parse_rates(a.rates) if a.rates else None
+        faults = [parse_fault(f) for f in a.fault]
+        check_faults(faults, yaml.safe_load(JOB.read_text())["cluster"]["regions"]["links"])
+        slow_env = parse_env(a.slow_env) if a.slow_env else None
+    except ValueError as exc:
+        ap.error(str(exc))
+    if rates and a.rate_mbps:
+        ap.error("--rates and --rate-mbps: one or the other")
+    rows = []
+    for config, rate in plan_rows(configs, rates, a.rate_mbps):
+        out = run_dir(a.out.resolve(), config, rate, bool(rates), bool(faults))
+        row = run_mode(config, out, a.steps, a.model_dir, rate, a.timeout, faults=faults, slow_env=slow_env)
+        print(json.dumps({k: v for k, v in row.items() if k != "timeline"}), flush=True)
         rows.append(row)
     add_ratios(rows)
     print(table(rows))
+    spread = sweep_summary(rows)
+    if spread:
+        print(json.dumps(spread, indent=1))
     if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(rows, indent=2) + "\n")
+        for path in write_outputs(rows, a.json):
+            print(path)
     return 0
 
 

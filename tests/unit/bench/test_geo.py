@@ -53,3 +53,147 @@ def test_published_delta_bytes(tmp_path: Path):
     log.write_text("\n".join(lines) + "\n")
     assert geo.published_delta_bytes(tmp_path) == [1000, 3000]
     assert geo.published_delta_bytes(tmp_path / "none") == []
+
+
+def test_heterogeneous_rows_slow_one_actor_and_the_uniform_row_asks_for_uniform():
+    sets, rate = geo.config_sets("rollart-proportional", LINKS, None)
+    assert rate == 0.6 and sets == ["cluster.env.actor-2.ROLLART_MAX_NUM_SEQS=2"]
+    sets, _ = geo.config_sets("rollart-uniform", LINKS, 1.2, {"ROLLART_CPUS": "1"})
+    assert "cluster.env.actor-2.ROLLART_CPUS=1" in sets and geo.UNIFORM_SET in sets
+    assert "cluster.regions.links.infer->train.rate_mbps=1.2" in sets
+    with pytest.raises(ValueError, match="not built"):
+        geo.config_sets("full-streams", LINKS, None)
+
+
+def test_sweep_runs_and_folders():
+    assert geo.parse_rates("sweep") == list(geo.SWEEP_RATES)
+    assert max(geo.SWEEP_RATES) / min(geo.SWEEP_RATES) >= 40 and len(geo.SWEEP_RATES) >= 5
+    assert geo.parse_rates("2,0.5,2") == [0.5, 2.0]
+    for bad in ("", "0,1", "fast"):
+        with pytest.raises(ValueError, match="--rates"):
+            geo.parse_rates(bad)
+    assert geo.plan_rows(["ideal", "rollart"], None, 2.0) == [("ideal", 2.0), ("rollart", 2.0)]
+    runs = geo.plan_rows(["ideal", "rollart", "full-lag1"], [0.3, 0.6], None)
+    assert runs == [("ideal", None), ("rollart", 0.3), ("full-lag1", 0.3), ("rollart", 0.6), ("full-lag1", 0.6)]
+    out = Path("/o")
+    assert geo.run_dir(out, "rollart", None, False, False) == out / "rollart"  # as before the sweep
+    assert geo.run_dir(out, "full-lag1", 0.15, True, False) == out / "full-lag1@0.15"
+    assert geo.run_dir(out, "ideal", None, True, True) == out / "ideal"
+    assert geo.run_dir(out, "rollart", 0.6, True, True) == out / "rollart@0.6+faults"
+    assert geo.parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        geo.parse_env(["A"])
+
+
+def _row(config, mbps, sps, transfer, **more):
+    return {"config": config, "link_mbps": mbps, "samples_per_second": sps, "step_seconds": 32 / sps,
+            "transfer_exposed_seconds": transfer, "generation_seconds": 4.0, **more}  # fmt: skip
+
+
+def test_ratios_at_each_rate_and_the_sweep_spread():
+    rows = [_row("ideal", None, 8.0, 0.1)]
+    for mbps in (0.15, 0.6, 6.0):
+        rows += [_row("rollart", mbps, 6.0, 1.0 + 0.6 / mbps), _row("full-lag1", mbps, 6.0 * mbps, 14.0 * 0.6 / mbps)]
+    rows += [_row("rollart-uniform", 0.6, 4.0, 1.0), _row("rollart-proportional", 0.6, 5.2, 1.0)]
+    rows += [_row("rollart", 0.6, 1.0, 30.0, faults=[{"fault": "down:30@step3"}])]
+    geo.add_ratios(rows)
+    full = {r["link_mbps"]: r for r in rows if r["config"] == "full-lag1"}
+    assert full[0.15]["rollart_speedup"] == pytest.approx(6.0 / 0.9)  # the rollart row of its own rate
+    assert full[6.0]["rollart_speedup"] == pytest.approx(6.0 / 36.0)
+    assert rows[-2]["proportional_gain"] == pytest.approx(1.3) and "proportional_gain" not in rows[-3]
+    assert rows[-1]["ratio_to_ideal"] == pytest.approx(1 / 8)  # the fault row is measured, never a base
+    spread = geo.sweep_summary(rows)
+    assert set(spread) == {"rollart", "full-lag1"}  # one rate: no spread
+    assert spread["rollart"]["rates"] == [0.15, 0.6, 6.0]
+    assert spread["rollart"]["transfer_spread"] == pytest.approx(5.0 / 1.1)
+    assert spread["full-lag1"]["bandwidth_product_spread"] == pytest.approx(1.0)
+    assert "+faults" in geo.table(rows).splitlines()[-1]
+
+
+def _run_folder(tmp_path: Path, steps: int = 6, faults: bool = False) -> Path:
+    out = tmp_path / "run"
+    out.mkdir(parents=True)
+    recs = [{"kind": "validation", "score": 0.1}]
+    recs += [{"step": s, "step_seconds": 5.0 + s, "get_batch_seconds": 3.0, "train_seconds": 1.0,
+              "update_seconds": 0.5 * s, "finished_at": 100.0 + 10 * s} for s in range(1, steps + 1)]  # fmt: skip
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    links = {"links": {"train->infer": {"bytes": 10}}, "forwarders": {}}
+    if faults:
+        links["faults"] = [{"at": 1.0, "link": "*", "down_s": 30.0, "links": ["train->infer"]}]
+    summary = {"steps": steps, "state": "COMPLETED", "reward_last10": 0.2, "links": links,
+               "final": {"actors": {"actor-b": {"settled_tokens": 90}, "actor-a": {"settled_tokens": 30}}}}  # fmt: skip
+    (out / "summary.json").write_text(json.dumps(summary))
+    return out
+
+
+def test_a_row_from_a_run_folder(tmp_path: Path):
+    job = {"job": {"batch_size": 32}, "cluster": {"regions": {"links": LINKS}}}
+    out = _run_folder(tmp_path)
+    row = geo.build_row("rollart", job, 0.6, out, json.loads((out / "summary.json").read_text()), 50.0, [])
+    assert row["reference"] is True and row["step_seconds"] == 9.5 and row["samples_per_second"] == 32 / 9.5
+    assert row["transfer_exposed_seconds"] == 2.25 and row["train_seconds"] == 1.0
+    assert [s["step"] for s in row["timeline"]] == [1, 2, 3, 4, 5, 6]
+    assert row["timeline"][2] == {"step": 3, "step_seconds": 8.0, "generation_seconds": 3.0, "train_seconds": 1.0,
+                                  "transfer_exposed_seconds": 1.5, "finished_at": 130.0}  # fmt: skip
+    assert geo.build_row("rollart", job, 1.2, out, {}, 50.0, [])["reference"] is False
+    hetero = geo.build_row("rollart-uniform", job, 0.6, out, json.loads((out / "summary.json").read_text()), 1.0, [])
+    assert hetero["reference"] is False and hetero["allocation"] == "uniform"
+    assert hetero["actor_settled_tokens"] == {"actor-a": 30, "actor-b": 90}
+    assert hetero["slow_actor"] == {"instance": "actor-2", "env": geo.SLOW_ENV}
+    out2 = _run_folder(tmp_path / "f", faults=True)
+    injected = [{"fault": "down:30@step3", "after_step": 3, "at": 2.0}]
+    faulty = geo.build_row("rollart", job, 0.6, out2, json.loads((out2 / "summary.json").read_text()), 1.0, injected)
+    assert faulty["reference"] is False and faulty["faults"] == injected and faulty["link_faults"][0]["down_s"] == 30
+
+
+def test_faults_are_injected_while_the_run_goes(tmp_path: Path):
+    """rollart_run with a stand-in for `rollart run` that writes steps: the fault lands in the links process's
+    control folder once step 2 is recorded, before the run ends."""
+    import sys
+
+    from bench.protocol.geo_faults import parse_fault
+
+    out = tmp_path / "out"
+    script = (
+        "import json, os, sys, time\n"
+        f"out = {str(out)!r}\n"
+        "os.makedirs(out, exist_ok=True)\n"
+        "for s in (1, 2, 3):\n"
+        "    with open(os.path.join(out, 'metrics.jsonl'), 'a') as f:\n"
+        "        f.write(json.dumps({'step': s, 'step_seconds': 1.0}) + '\\n')\n"
+        "    time.sleep(0.8)\n"
+        "    if s == 3:\n"
+        "        files = os.listdir(os.path.join(out, 'cluster', 'links-control'))\n"
+        "        sys.exit(0 if files else 3)\n"
+    )
+    code, _, injected = geo.rollart_run([sys.executable, "-c", script], out, [parse_fault("down:30@step2")])
+    assert code == 0 and [f["fault"] for f in injected] == ["down:30@step2"]
+    [request] = (out / "cluster" / "links-control").glob("*.json")
+    assert json.loads(request.read_text()) == [{"link": "*", "down_s": 30.0}]
+
+
+def test_main_refuses_what_cannot_run(capsys):
+    for argv, msg in [
+        (["--configs", "rollart,full-streams"], "not built"),
+        (["--configs", "rollart", "--rates", "sweep", "--rate-mbps", "1"], "one or the other"),
+        (["--fault", "down:30@stepx"], "expected"),
+        (["--fault", "a->b=down:30@step3"], "no link"),
+    ]:
+        with pytest.raises(SystemExit):
+            geo.main(argv)
+        assert msg in capsys.readouterr().err
+
+
+def test_plot_only_redraws_saved_rows(tmp_path: Path):
+    job = {"job": {"batch_size": 32}, "cluster": {"regions": {"links": LINKS}}}
+    out = _run_folder(tmp_path)
+    rows = [geo.build_row(c, job, r, out, {}, 1.0, []) | {"config": c} for c, r in
+            [("ideal", None), ("rollart", 0.3), ("rollart", 1.2), ("full-lag1", 0.3), ("full-lag1", 1.2)]]  # fmt: skip
+    saved = tmp_path / "rows.json"
+    written = geo.write_outputs(rows, saved)
+    assert [p.name for p in written] == ["rows.json", "rows-bandwidth.png", "rows-timeline.png"]
+    before = saved.read_text()
+    for p in written[1:]:
+        p.unlink()
+    assert geo.main(["--plot", str(saved)]) == 0
+    assert (tmp_path / "rows-bandwidth.png").stat().st_size > 1000 and saved.read_text() == before
