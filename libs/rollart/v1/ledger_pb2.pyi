@@ -124,7 +124,7 @@ REJECTION_REASON_UNKNOWN_VERSION: RejectionReason
 REJECTION_REASON_FAILED: RejectionReason
 
 class JobPolicy(_message.Message):
-    __slots__ = ("job_id", "admission", "alpha", "group_size", "redundancy", "lease_ttl_multiplier", "initial_lease_ttl", "min_lease_ttl", "max_lease_ttl", "max_lease_attempts", "actor_timeout", "tau_ema_weight", "tau_decay", "initial_tau", "buffer_capacity", "command_retention", "task_shares")
+    __slots__ = ("job_id", "admission", "alpha", "group_size", "redundancy", "lease_ttl_multiplier", "initial_lease_ttl", "min_lease_ttl", "max_lease_ttl", "max_lease_attempts", "actor_timeout", "tau_ema_weight", "tau_decay", "initial_tau", "buffer_capacity", "command_retention", "task_shares", "uniform_allocation")
     class TaskSharesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +149,7 @@ class JobPolicy(_message.Message):
     BUFFER_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     COMMAND_RETENTION_FIELD_NUMBER: _ClassVar[int]
     TASK_SHARES_FIELD_NUMBER: _ClassVar[int]
+    UNIFORM_ALLOCATION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     admission: _common_pb2.AdmissionPolicy
     alpha: int
@@ -166,7 +167,8 @@ class JobPolicy(_message.Message):
     buffer_capacity: int
     command_retention: _duration_pb2.Duration
     task_shares: _containers.ScalarMap[str, float]
-    def __init__(self, job_id: _Optional[str] = ..., admission: _Optional[_Union[_common_pb2.AdmissionPolicy, str]] = ..., alpha: _Optional[int] = ..., group_size: _Optional[int] = ..., redundancy: _Optional[int] = ..., lease_ttl_multiplier: _Optional[float] = ..., initial_lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_lease_attempts: _Optional[int] = ..., actor_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tau_ema_weight: _Optional[float] = ..., tau_decay: _Optional[float] = ..., initial_tau: _Optional[float] = ..., buffer_capacity: _Optional[int] = ..., command_retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., task_shares: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    uniform_allocation: bool
+    def __init__(self, job_id: _Optional[str] = ..., admission: _Optional[_Union[_common_pb2.AdmissionPolicy, str]] = ..., alpha: _Optional[int] = ..., group_size: _Optional[int] = ..., redundancy: _Optional[int] = ..., lease_ttl_multiplier: _Optional[float] = ..., initial_lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_lease_attempts: _Optional[int] = ..., actor_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tau_ema_weight: _Optional[float] = ..., tau_decay: _Optional[float] = ..., initial_tau: _Optional[float] = ..., buffer_capacity: _Optional[int] = ..., command_retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., task_shares: _Optional[_Mapping[str, float]] = ..., uniform_allocation: _Optional[bool] = ...) -> None: ...
 
 class SetJobPolicyRequest(_message.Message):
     __slots__ = ("policy",)

@@ -71,9 +71,10 @@ def make_plan(
     """The plan of ``step`` for ``version`` (pure).
 
     ``actors`` are the registered actors with their liveness judged at ``now`` (departed ones are ignored);
-    ``policy`` the numbers of the policy the step will run under (``decay`` is read). Eligible actors split B
-    in proportion to tau, fastest first; an eligible actor with a zero share is listed as ZERO_SHARE without
-    decay; excluded actors get tau * decay and, when alive, not draining and behind, StageVersion(v).
+    ``policy`` the numbers of the policy the step will run under (``decay``, ``unif`` are read). Eligible actors
+    split B in proportion to tau (evenly with ``unif``), fastest first; an eligible actor with a zero share is
+    listed as ZERO_SHARE without decay; excluded actors get tau * decay and, when alive, not draining and behind,
+    StageVersion(v).
     Raises FAILED_PRECONDITION when no actor is eligible.
     """
     v = version.version
@@ -102,7 +103,8 @@ def make_plan(
         reasons = ", ".join(f"{a}: {lp.ExclusionReason.Name(r)}" for a, r in sorted(excluded.items())) or "none"
         raise precondition(f"no actor is eligible for version {v} (actors: {reasons})")
     taus = {aid: views[aid].tau for aid in eligible}
-    shares = scheduling.allocate(batch_size, taus)
+    # uniform_allocation: an even split (the baseline that tau-proportional allocation is measured against)
+    shares = scheduling.allocate(batch_size, dict.fromkeys(taus, 1.0) if policy.get("unif") else taus)
     deadline = commit_deadline if commit_deadline is not None else codec.ts_ms(now + DEFAULT_COMMIT_DEADLINE_MS)
     plan = lp.StepPlan(
         step=step,
@@ -229,9 +231,7 @@ class StepPlanner:
     def k(self, name: str) -> str:
         return self.p + name
 
-    async def plan(
-        self, *, step: int, version: int, batch_size: int, commit_deadline: Timestamp | None
-    ) -> Planned:
+    async def plan(self, *, step: int, version: int, batch_size: int, commit_deadline: Timestamp | None) -> Planned:
         """Plans ``step`` (or returns its plan), with the commit state filled in."""
         for _ in range(MAX_ATTEMPTS):
             try:
@@ -242,9 +242,7 @@ class StepPlanner:
             return planned
         raise LedgerError("ABORTED", "the ledger state kept changing while planning; retry")
 
-    async def _plan_once(
-        self, step: int, v: int, batch_size: int, commit_deadline: Timestamp | None
-    ) -> Planned:
+    async def _plan_once(self, step: int, v: int, batch_size: int, commit_deadline: Timestamp | None) -> Planned:
         k_plan = self.k(f"plan:{step}")
         async with self.redis.pipeline(transaction=True) as pipe:
             # P aepoch moves with everything of an actor a plan is made of (registration, liveness, draining,

@@ -35,6 +35,7 @@ DEFAULTS: dict[str, float] = {
     "tau0": 1000.0,
     "cap": 0.0,
     "ret": 3_600_000.0,
+    "unif": 0.0,  # 1: the batch split evenly over eligible actors (uniform_allocation), not by tau
     "nts": 0.0,  # tasks with a share (multi-task jobs); their shares are the fields ts:<task>
 }
 MAX_TASKS = 64
@@ -190,6 +191,7 @@ def fields(p: lp.JobPolicy) -> dict[str, float]:
         "tau0": p.initial_tau,
         "cap": float(p.buffer_capacity),
         "ret": _ms(p.command_retention),
+        "unif": 1.0 if p.uniform_allocation else 0.0,
         "nts": float(len(p.task_shares)),
         **{f"ts:{t}": s for t, s in task_shares(p).items()},
     }

@@ -255,6 +255,7 @@ class JobRunner:
         for name in ("initial_lease_ttl", "min_lease_ttl", "max_lease_ttl", "actor_timeout"):
             if f"ledger.{name}" in opts:
                 getattr(pol, name).CopyFrom(_dur(float(opts[f"ledger.{name}"])))
+        pol.uniform_allocation = st.uniform_allocation
         assert self.peers is not None
         try:
             await self.peers.ledger.SetJobPolicy(ledger_pb2.SetJobPolicyRequest(policy=pol))

@@ -38,6 +38,7 @@ class Settings:
     checkpoint_every_steps: int
     batch_timeout: float
     groups_per_step: int
+    uniform_allocation: bool = False  # options[ledger.allocation] = uniform: the ledger splits batches evenly
 
     @classmethod
     def from_spec(cls, spec: T.TrainerJobSpec, cfg: TrainerConfig) -> Settings:
@@ -75,6 +76,9 @@ class Settings:
         timeout = _seconds(spec.batch_timeout) if spec.HasField("batch_timeout") else cfg.batch_timeout_seconds
         if timeout <= 0:
             raise bad("batch_timeout must be > 0")
+        allocation = spec.options.get("ledger.allocation", "proportional")
+        if allocation not in ("proportional", "uniform"):
+            raise bad(f"options[ledger.allocation] is {allocation!r}: proportional (by throughput) or uniform")
         return cls(
             job_id=spec.job_id,
             mode=mode,
@@ -88,4 +92,5 @@ class Settings:
             checkpoint_every_steps=max(spec.checkpoint.every_steps, 1),
             batch_timeout=timeout,
             groups_per_step=spec.batch_size // spec.group_size,
+            uniform_allocation=allocation == "uniform",
         )

@@ -52,6 +52,17 @@ class TestMakePlan:
         assert broadcast.target == "" and broadcast.kinds == (K.SUBSCRIBER_KIND_ROUTER, K.SUBSCRIBER_KIND_TRAINER)
         assert broadcast.command.step_planned == p
 
+    def test_uniform_allocation_splits_b_evenly_whatever_tau(self):
+        actors = [actor("slow", tau=1000.0), actor("fast", tau=3000.0)]
+        by_tau = {a.actor_id: a.requests for a in plan(actors, batch=32).plan.allocations}
+        even = {
+            a.actor_id: a.requests
+            for a in plan(actors, batch=32, policy={**pol.DEFAULTS, "unif": 1.0}).plan.allocations
+        }
+        assert by_tau == {"fast": 24, "slow": 8} and even == {"fast": 16, "slow": 16}
+        p = lp.JobPolicy(job_id="j", uniform_allocation=True)
+        assert pol.fields(pol.fill(p, "j"))["unif"] == 1.0 and pol.fields(pol.defaults("j"))["unif"] == 0.0
+
     def test_an_actor_on_v_minus_1_with_v_staged_needs_a_commit_sent_to_it_and_its_relay(self):
         deadline = Timestamp()
         deadline.FromMilliseconds(NOW + 5000)

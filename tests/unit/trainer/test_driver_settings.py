@@ -76,3 +76,10 @@ def test_version0_hash_is_the_checkpoint_digest(tiny_model: Path):
 
     ws = Policy.load(tiny_model).weight_set(0)
     assert weights_digest(ws.arrays, ws.dtypes) == model_dir_digest(tiny_model)
+
+
+def test_ledger_allocation_option_is_proportional_or_uniform():
+    assert not Settings.from_spec(spec(), cfg()).uniform_allocation
+    assert Settings.from_spec(spec(options={"ledger.allocation": "uniform"}), cfg()).uniform_allocation
+    with pytest.raises(JobError, match=r"options\[ledger.allocation\] is 'even'"):
+        Settings.from_spec(spec(options={"ledger.allocation": "even"}), cfg())
