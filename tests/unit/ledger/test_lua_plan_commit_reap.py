@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from rollart.v1 import ledger_pb2 as lp
 from rollart_ledger import policy as pol
 from rollart_ledger.scripts import Command, TauUpdate
@@ -146,6 +148,7 @@ class TestReap:
         kept = await store.scripts.reap(lease_retention_ms=3_600_000, actor_retention_ms=3_600_000,
                                         score_deadline_ms=60_000)
         assert kept.unscored_expired == 0 and await store.zmembers("unscored") == ["ta"]
+        await asyncio.sleep(0.003)  # past a zero deadline is strictly older than now: not the same millisecond
         got = await store.scripts.reap(lease_retention_ms=3_600_000, actor_retention_ms=3_600_000,
                                        score_deadline_ms=0)  # every unscored sample is past a zero deadline
         assert got.unscored_expired == 1 and await store.zmembers("unscored") == []
