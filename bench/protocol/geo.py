@@ -37,7 +37,8 @@ Beyond the reference rows (each an option; without them the rows above run as th
 - ``rollart-uniform`` / ``rollart-proportional``: the rollart row with ``actor-2`` slowed by its engine
   (``--slow-env``, default ROLLART_MAX_NUM_SEQS=2: at most 2 sequences a batch against the other's 64),
   against the ledger's batch split per actor: uniform (``UNIFORM_SET``) or in proportion to tau, the default.
-  Each row carries ``actor_settled_tokens`` (the ledger's, per actor) and, proportional, ``proportional_gain``.
+  Each row carries ``actor_settled_tokens`` (the ledger's, per actor) and their max/min, ``settled_tokens_ratio``
+  (proportional: the split follows tau, so about how much slower actor-2 ran), and ``proportional_gain``.
 - ``--fault SPEC`` (bench/protocol/geo_faults.py; ``down:30@step3``, ``rate/10:60@step3``): injected into every
   linked row through the links process's control folder; the row carries ``faults`` and is no reference.
 - PNGs beside ``--json``: ``-bandwidth.png`` (step time and exposed transfer against the rate, a sweep) and
@@ -262,7 +263,9 @@ def build_row(
         row["slow_actor"] = {"instance": SLOW_ACTOR, "env": SLOW_ENV if slow_env is None else slow_env}
         row["allocation"] = config.removeprefix("rollart-")
         actors = (summary.get("final") or {}).get("actors") or {}
-        row["actor_settled_tokens"] = {a: int(v.get("settled_tokens", 0)) for a, v in sorted(actors.items())}
+        row["actor_settled_tokens"] = tokens = {a: int(v.get("settled_tokens", 0)) for a, v in sorted(actors.items())}
+        if len(tokens) >= 2 and min(tokens.values()) > 0:  # on the proportional row: about the speed ratio (tau)
+            row["settled_tokens_ratio"] = max(tokens.values()) / min(tokens.values())
     size = full_bytes(out, model_dir)
     row["full_bytes"] = size
     if size and link_mbps:

@@ -139,6 +139,7 @@ def test_a_row_from_a_run_folder(tmp_path: Path):
     hetero = geo.build_row("rollart-uniform", job, 0.6, out, json.loads((out / "summary.json").read_text()), 1.0, [])
     assert hetero["reference"] is False and hetero["allocation"] == "uniform"
     assert hetero["actor_settled_tokens"] == {"actor-a": 30, "actor-b": 90}
+    assert hetero["settled_tokens_ratio"] == 3.0
     assert hetero["slow_actor"] == {"instance": "actor-2", "env": geo.SLOW_ENV}
     out2 = _run_folder(tmp_path / "f", faults=True)
     injected = [{"fault": "down:30@step3", "after_step": 3, "at": 2.0}]
