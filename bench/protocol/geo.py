@@ -113,8 +113,7 @@ SLOW_ACTOR = "actor-2"
 # An engine with room for 2 sequences at a time against the other actor's 64 (run.py's default): the same
 # engine and model, a smaller batch per forward pass, so it decodes the region's trajectories 2-3x slower.
 SLOW_ENV = {"ROLLART_MAX_NUM_SEQS": "2"}
-# The trainer hands job.options "ledger.*" to the ledger's JobPolicy; "allocation" is requested
-# (/tmp/coord/REQUESTS.md) and ignored until then.
+# The job option that makes the ledger split each step's batch evenly (JobPolicy.uniform_allocation).
 UNIFORM_SET = "job.options.ledger.allocation=uniform"
 
 
