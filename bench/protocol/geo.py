@@ -26,8 +26,10 @@ published" log lines). The learning rate is examples/geo.yaml's (5e-4, a tiny mo
 updates touch far more bf16 entries than the seed's 1.3%; the density is reported, not tuned.
 
 What the full rows are: each of the region's two actors GETs its own copy (no relay for full weights), so a
-version costs the link 2 x 14 s; and the trainer loads full weights inside every step's UPDATE phase whatever
-``alpha`` is (alpha bounds admission only), so full-lag2/4 differ from full-lag1 by admission, not by overlap.
+version costs the link 2 x 14 s. With alpha > 1 (full-lag2/4) each actor's load of v starts when v is
+registered and runs during rollout; UPDATE waits only for actors below v + 1 - alpha, so their
+``transfer_exposed_seconds`` is the part of the transfer the lag cannot hide (bench/results/geo-full.json was
+measured before this: its lag-2/4 rows loaded inside every UPDATE, as lag 1 does).
 
 Beyond the reference rows (each an option; without them the rows above run as they always did):
 
