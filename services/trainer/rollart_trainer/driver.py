@@ -171,6 +171,8 @@ class JobRunner:
                 await self.peers.proxy.Resume(llmproxy_pb2.ResumeRequest(step=self.job.current_step), timeout=5)
             self._suspended = False
         await self.publication.stop()
+        if self.updater is not None:
+            await self.updater.close()  # lagged full-weight loads still in flight
         if self.peers is not None:
             await self.peers.close()
         close = getattr(self.backend, "close", None)  # a multi-rank backend: stop the follower ranks

@@ -315,6 +315,14 @@ class Updater:
         self._loads[actor_id] = load
         return load
 
+    async def close(self) -> None:
+        """The job ends: cancel the background loads still in flight (before the channels close under them)."""
+        tasks = [*self._prefetches, *(ld.task for ld in self._loads.values() if ld.running and ld.task is not None)]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
     async def _settle_loads(self, deadline: float) -> None:
         """Until the loads in flight end (their outcome is logged by each), at most until ``deadline``."""
         while True:

@@ -241,6 +241,16 @@ async def test_lagged_goes_on_while_actors_are_within_the_bound():
     assert {a.weights.active_version for a in ledger.actors.values()} == {2}
 
 
+async def test_close_cancels_the_background_loads_in_flight():
+    u, _, actors, _ = make(settings(ASYNC, 2), {"a": 1, "b": 1})
+    u.published(2)
+    await settle()
+    running = [ld.task for ld in u._loads.values() if ld.running]
+    assert len(running) == 2  # both downloads hang on their gates
+    await asyncio.wait_for(u.close(), 1)
+    assert all(t.cancelled() or t.done() for t in running) and not any(ld.running for ld in u._loads.values())
+
+
 async def test_lagged_blocks_until_an_actor_reaches_the_bound():
     u, ledger, actors, _ = make(settings(ASYNC, 2), {"a": 2, "b": 1})
     u.published(3)
