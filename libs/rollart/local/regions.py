@@ -33,7 +33,7 @@ from .processes import ManagedProcess, ProcessError, free_port, pid_alive
 
 REGION_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 MAX_REGIONS = 250  # 127.0.1.x .. 127.0.250.x
-LINK_KEYS = {"rate_mbps", "rtt_ms", "jitter_ms", "loss"}
+LINK_KEYS = {"rate_mbps", "rtt_ms", "jitter_ms", "loss", "flow_mbps"}
 HOST = re.compile(r"127\.0\.(\d{1,3})\.(\d{1,3}):(\d{1,5})")
 # Services with a second, striped-transport listener (ROLLART_DATA_LISTEN) that peers dial.
 DATA_SERVICES = ("relay", "trainer")
@@ -71,9 +71,13 @@ class Link:
     rtt_ms: float = 0.0
     jitter_ms: float = 0.0
     loss: float = 0.0
+    flow_mbps: float | None = None  # each connection's own cap (one TCP flow's window / RTT); None: no cap
 
     def to_dict(self) -> dict[str, float]:
-        return {"rate_mbps": self.rate_mbps, "rtt_ms": self.rtt_ms, "jitter_ms": self.jitter_ms, "loss": self.loss}
+        out = {"rate_mbps": self.rate_mbps, "rtt_ms": self.rtt_ms, "jitter_ms": self.jitter_ms, "loss": self.loss}
+        if self.flow_mbps is not None:
+            out["flow_mbps"] = self.flow_mbps
+        return out
 
 
 @dataclass
@@ -117,7 +121,7 @@ def _number(raw: Any, where: str, *, low: float, high: float = math.inf, low_ope
 
 def parse_link(raw: Any, where: str) -> Link:
     if not isinstance(raw, Mapping):
-        raise RegionError(f"{where}: expected a mapping with rate_mbps, rtt_ms, jitter_ms, loss")
+        raise RegionError(f"{where}: expected a mapping with rate_mbps, rtt_ms, jitter_ms, loss, flow_mbps")
     unknown = set(raw) - LINK_KEYS
     if unknown:
         raise RegionError(f"{where}.{sorted(unknown)[0]}: unknown key (known: {', '.join(sorted(LINK_KEYS))})")
@@ -129,11 +133,14 @@ def parse_link(raw: Any, where: str) -> Link:
         raise RegionError(
             f"{where}.jitter_ms: at most half the rtt_ms ({rtt / 2:g}): a one-way delay cannot be negative"
         )
+    rate = _number(raw["rate_mbps"], f"{where}.rate_mbps", low=0.0, high=1e6, low_open=True)
+    flow = raw.get("flow_mbps")
     return Link(
-        rate_mbps=_number(raw["rate_mbps"], f"{where}.rate_mbps", low=0.0, high=1e6, low_open=True),
+        rate_mbps=rate,
         rtt_ms=rtt,
         jitter_ms=jitter,
         loss=_number(raw.get("loss", 0.0), f"{where}.loss", low=0.0, high=0.5),
+        flow_mbps=None if flow is None else _number(flow, f"{where}.flow_mbps", low=0.0, high=rate, low_open=True),
     )
 
 

@@ -4,7 +4,7 @@
 
 ``python -m rollart.netem.links PLAN.json`` reads the plan ``rollart.local.regions`` writes::
 
-    {"links": {"train->infer": {"rate_mbps": 40, "rtt_ms": 40, "jitter_ms": 2, "loss": 0.0}, ...},
+    {"links": {"train->infer": {"rate_mbps": 40, "rtt_ms": 40, "jitter_ms": 2, "loss": 0.0, "flow_mbps": 10}, ...},
      "forwarders": [{"name": "infer>ledger", "listen": "127.0.2.2:41001", "target": "127.0.1.1:40001",
                      "up": "infer->train", "down": "train->infer"}, ...],
      "servers": [{"name": "checkpoints", "argv": ["busybox", "httpd", "-f", ...], "address": "127.0.1.1:40100",
@@ -47,17 +47,25 @@ from rollart.netem.wan import LinkSpec, RateWindow, TokenBucket, WanEmulator
 
 MSS = 1448  # bytes of one TCP segment: the unit a loss probability applies to
 MIN_RTO_S = 0.2  # Linux's minimum retransmission timeout: what one loss costs a flow at least
+MIN_QUANTUM = 1024  # the smallest release of a WanEmulator (its quantum's floor)
 
 
 def path_spec(link: dict[str, Any]) -> LinkSpec:
-    """One direction of a link as a LinkSpec: the rate is the link's (shared, no per-flow cap); a loss
-    probability per segment becomes a stall of one RTO per 64 KiB chunk with the same odds of a loss in it."""
+    """One direction of a link as a LinkSpec: the rate is the link's (shared by its connections); ``flow_mbps``
+    (optional) each connection's own cap below it, one TCP flow's window/RTT bound, so S connections can get S
+    times one; a loss probability per segment becomes a stall of one RTO per 64 KiB chunk with the same odds of
+    a loss in it."""
     rtt = float(link.get("rtt_ms", 0.0)) / 1000
     loss = float(link.get("loss", 0.0))
     chunk = LinkSpec.chunk
     stall_prob = 1 - (1 - loss) ** (chunk / MSS) if loss > 0 else 0.0
+    flow = float(link.get("flow_mbps") or 0) * 1e6 / 8
+    rate = float(link["rate_mbps"]) * 1e6 / 8
     return LinkSpec(
-        link_rate=float(link["rate_mbps"]) * 1e6 / 8,
+        rate=flow or None,
+        link_rate=rate,
+        # A release is at least MIN_QUANTUM bytes: a window must hold two, or a slow flow never releases.
+        window_s=max(LinkSpec.window_s, 2 * MIN_QUANTUM / min(flow or rate, rate)),
         rtt=rtt,
         jitter=float(link.get("jitter_ms", 0.0)) / 1000,
         stall_prob=stall_prob,
@@ -281,7 +289,8 @@ class Links:
             await srv.wait_ready()
         for f in self.plan["forwarders"]:
             up, down = self.paths[f["up"]], self.paths[f["down"]]
-            spec = LinkSpec(**{**up.__dict__, "down": down, "seed": len(self.emulators)})
+            window_s = max(up.window_s, down.window_s)  # one window per emulator: the longer fits both
+            spec = LinkSpec(**{**up.__dict__, "down": down, "seed": len(self.emulators), "window_s": window_s})
             emu = WanEmulator(f["target"], spec, f["listen"])
             await emu.start()
             # The same quantum for every forwarder of a pair (its buckets are shared): the slowest link's.

@@ -33,6 +33,9 @@ def test_no_regions_is_none():
 def test_geo_parses_with_per_direction_links():
     r = _parse(GEO)
     assert r is not None
+    assert r.links[("train", "infer")].flow_mbps is None and "flow_mbps" not in r.links[("train", "infer")].to_dict()
+    flows = _parse(dict(GEO, links={k: dict(v, flow_mbps=10) for k, v in GEO["links"].items()}))
+    assert flows is not None and flows.links[("infer", "train")].to_dict()["flow_mbps"] == 10.0
     assert r.names == ["train", "infer"]
     assert r.region_of("actor-2") == "infer" and r.region_of("ledger") == "train"
     assert r.links[("train", "infer")].rate_mbps == 40 and r.links[("infer", "train")].rate_mbps == 20
@@ -58,6 +61,9 @@ def test_a_base_name_places_every_instance():
         (lambda g: g["links"]["train->infer"].__setitem__("rtt_ms", "fast"), "cluster.regions.links.train->infer.rtt_ms"),
         (lambda g: g["links"]["train->infer"].__setitem__("jitter_ms", 30), "cluster.regions.links.train->infer.jitter_ms"),
         (lambda g: g["links"]["train->infer"].__setitem__("mtu", 1), "cluster.regions.links.train->infer.mtu: unknown key"),
+        (lambda g: g["links"]["train->infer"].__setitem__("flow_mbps", 0), "cluster.regions.links.train->infer.flow_mbps"),
+        (lambda g: g["links"]["train->infer"].__setitem__("flow_mbps", 41), "cluster.regions.links.train->infer.flow_mbps: expected a number > 0 and <= 40"),
+        (lambda g: g["links"]["train->infer"].__setitem__("flow_mbps", "x"), "cluster.regions.links.train->infer.flow_mbps"),
         (lambda g: g["links"].__setitem__("train->moon", LINK), "cluster.regions.links.train->moon: region 'moon' is not defined"),
         (lambda g: g["links"].__setitem__("train->train", LINK), "cluster.regions.links.train->train: within a region"),
         (lambda g: g["links"].pop("infer->train"), "cluster.regions.links: no link infer->train"),
@@ -97,7 +103,13 @@ def test_plan_routes_every_cross_region_address_through_the_callers_forwarder(tm
     assert via.startswith("127.0.2.2:") and plan.route("trainer", ledger) == ledger
     assert plan.route("trainer", relay).startswith("127.0.1.2:")
     fwd = next(f for f in plan.forwarders if f["listen"] == via)
-    assert fwd == {"name": "infer>ledger", "listen": via, "target": ledger, "up": "infer->train", "down": "train->infer"}
+    assert fwd == {
+        "name": "infer>ledger",
+        "listen": via,
+        "target": ledger,
+        "up": "infer->train",
+        "down": "train->infer",
+    }
     env = {
         "ROLLART_LEDGER": ledger,
         "ROLLART_RELAYS": json.dumps([relay]),
@@ -164,6 +176,11 @@ def test_a_started_instance_in_no_region_is_refused(tmp_path: Path):
 def test_link_to_path_spec():
     p = path_spec({"rate_mbps": 80, "rtt_ms": 50, "jitter_ms": 5, "loss": 0.01})
     assert p.link_rate == 10e6 and p.rtt == 0.05 and p.jitter == 0.005 and p.rate is None
+    assert p.window_s == 0.1
+    f = path_spec({"rate_mbps": 80, "flow_mbps": 20})  # each connection capped, all sharing the link
+    assert f.rate == 2.5e6 and f.link_rate == 10e6 and f.window_s == 0.1
+    # 0.04 Mbit/s = 5 kB/s: a 0.1 s window (500 B) could never hold a release (>= 1 KiB); it stretches to two.
+    assert path_spec({"rate_mbps": 0.6, "flow_mbps": 0.04}).window_s == pytest.approx(2 * 1024 / 5000)
     assert 0.3 < p.stall_prob < 0.4  # 1 - 0.99 ** (65536 / 1448)
     assert p.stall_s == 0.2
     assert path_spec({"rate_mbps": 1}).stall_prob == 0.0
@@ -173,7 +190,10 @@ def test_link_to_path_spec():
     ("override", "field"),
     [
         ("cluster.regions.links.train->infer.rate_mbps=-1", "cluster.regions.links.train->infer.rate_mbps"),
-        ("cluster.regions.place.infer=[relay, actor, llmproxy, envmanager]", "cluster.regions.place: reward in no region"),
+        (
+            "cluster.regions.place.infer=[relay, actor, llmproxy, envmanager]",
+            "cluster.regions.place: reward in no region",
+        ),
         ("cluster.regions.place.mars=[]", "cluster.regions.links: no link train->mars"),
     ],
 )
@@ -195,4 +215,6 @@ def test_geo_example_parses():
     regions = parse_regions(data["cluster"], SERVICE_NAMES, data["cluster"]["actors"])
     assert regions is not None and regions.names == ["train", "infer"]
     assert {regions.region_of(n) for n in ("trainer", "ledger", "resource-manager")} == {"train"}
-    assert {regions.region_of(n) for n in ("relay", "actor", "actor-2", "llmproxy", "envmanager", "reward")} == {"infer"}
+    assert {regions.region_of(n) for n in ("relay", "actor", "actor-2", "llmproxy", "envmanager", "reward")} == {
+        "infer"
+    }

@@ -77,6 +77,35 @@ def test_directions_and_shared_capacity(tmp_path: Path):
     assert counters["forwarders"]["b>x0"]["connections"] == 3 and counters["forwarders"]["b>x1"]["connections"] == 1
 
 
+def test_flow_cap_per_connection_under_the_shared_link(tmp_path: Path):
+    """flow_mbps caps each connection (one TCP flow's window/RTT bound): one connection gets the flow's rate,
+    four at once get four times it, within the link's rate."""
+
+    async def main() -> tuple[float, float]:
+        srv = await asyncio.start_server(_sink, "127.0.1.1", 0)
+        target = f"127.0.1.1:{srv.sockets[0].getsockname()[1]}"
+        plan = {
+            "links": {"a->b": {"rate_mbps": 8, "flow_mbps": 2}, "b->a": {"rate_mbps": 8, "flow_mbps": 2}},
+            "forwarders": [{"name": "b>x", "listen": "127.0.2.2:0", "target": target, "up": "b->a", "down": "a->b"}],
+            "ready_file": str(tmp_path / "ready"),
+            "counters_file": str(tmp_path / "links.json"),
+        }  # fmt: skip
+        links = Links(plan)
+        await links.start()
+        ep = links.emulators["b>x"][0].endpoint
+        one = (await _roundtrip(ep, b"u" * 400_000))[0]  # 400 kB at 2 Mbit/s: 1.6 s
+        t0 = time.monotonic()
+        await asyncio.gather(*(_roundtrip(ep, b"u" * 100_000) for _ in range(4)))  # 4 x 2 Mbit/s: 0.4 s
+        four = time.monotonic() - t0
+        await links.stop()
+        srv.close()
+        return one, four
+
+    one, four = asyncio.run(main())
+    assert one >= 1.6 * 0.95, one
+    assert 0.4 * 0.95 <= four < 1.2, four
+
+
 def test_restart_links_from_its_plan(tmp_path: Path):
     """A dead links process started again on the same forwarder addresses; a live one is not started twice."""
     import socket
