@@ -46,9 +46,16 @@ Beyond the reference rows (each an option; without them the rows above run as th
 - PNGs beside ``--json``: ``-bandwidth.png`` (step time and exposed transfer against the rate, a sweep) and
   ``-timeline.png`` (five consecutive steps per row, as the seed's execution timeline), from each row's
   ``timeline`` (its steps from metrics.jsonl); ``python -m bench geo --plot ROWS.json`` redraws them.
-- ``full-streams`` (full weights over S parallel HTTP streams) is not built: the checkpoint download is one stream.
+- ``full-streams``: full-lag1 with each actor GETting a checkpoint as ``--streams`` S (default 4) parallel HTTP
+  Range GETs (``ROLLART_CHECKPOINT_STREAMS``, rollart.weights.http_store), the seed's full weights over S TCP
+  streams. One TCP flow over a long-RTT link is bound by its window / RTT, so the row caps every connection at
+  ``flow_mbps`` = the link's rate / S (both directions, each connection its own cap under the shared link):
+  one stream gets a quarter of the link (S = 4), S streams can fill it. full-lag1's one stream has no such cap,
+  so full-streams is at best full-lag1 here: the row shows striping recovering the link from window-bound
+  flows (one capped stream would take S x full_transfer_seconds); ``streams`` and ``flow_mbps`` are in the row.
 
     python -m bench geo --steps 6 --configs ideal,rollart,full-lag1,full-lag4 --json bench/results/geo-smoke.json
+    python -m bench geo --steps 6 --configs ideal,rollart,full-lag1,full-streams --streams 4 --json bench/results/geo-streams.json
     python -m bench geo --steps 6 --rates sweep --configs ideal,rollart,full-lag1 --json bench/results/geo-sweep.json
 """
 
@@ -105,10 +112,13 @@ def step_timeline(metrics: Path) -> list[dict[str, float]]:
     ]
 
 
-CONFIGS = ("ideal", "rollart", "full-lag1", "full-lag2", "full-lag4", "rollart-uniform", "rollart-proportional")
-NOT_BUILT = {
-    "full-streams": "not built: the checkpoint HTTP download (rollart.weights.http_store) is one stream",
-}
+CONFIGS = (
+    "ideal", "rollart", "full-lag1", "full-lag2", "full-lag4", "full-streams", "rollart-uniform",
+    "rollart-proportional",
+)  # fmt: skip
+STREAMS = 4  # full-streams: HTTP streams per checkpoint download, and the link's rate / flow cap
+MAX_STREAMS = 64  # rollart.weights.http_store's bound on ROLLART_CHECKPOINT_STREAMS
+STREAMS_ENV = "ROLLART_CHECKPOINT_STREAMS"
 SWEEP_RATES = (0.15, 0.3, 0.6, 1.2, 2.4, 6.0)  # Mbit/s each way: 40x around examples/geo.yaml's 0.6
 HETERO = ("rollart-uniform", "rollart-proportional")
 SLOW_ACTOR = "actor-2"
@@ -120,11 +130,13 @@ UNIFORM_SET = "job.options.ledger.allocation=uniform"
 
 
 def config_sets(
-    config: str, links: dict[str, Any], rate_mbps: float | None, slow_env: dict[str, str] | None = None
+    config: str,
+    links: dict[str, Any],
+    rate_mbps: float | None,
+    slow_env: dict[str, str] | None = None,
+    streams: int = STREAMS,
 ) -> tuple[list[str], float | None]:
     """The job file's overrides of one row, and its link rate (None: no link)."""
-    if config in NOT_BUILT:
-        raise ValueError(f"{config}: {NOT_BUILT[config]}")
     if config not in CONFIGS:
         raise ValueError(f"unknown config {config!r} ({', '.join(CONFIGS)})")
     if config == "ideal":
@@ -136,6 +148,13 @@ def config_sets(
         link_mbps = rate_mbps
     if config.startswith("full-lag"):
         sets += ["job.publish.weight_sync=full_checkpoint", f"job.alpha={int(config.removeprefix('full-lag'))}"]
+    if config == "full-streams":
+        if not 1 <= streams <= MAX_STREAMS:
+            raise ValueError(f"--streams {streams}: from 1 to {MAX_STREAMS}")
+        sets += ["job.publish.weight_sync=full_checkpoint", "job.alpha=1"]
+        sets.append(f"cluster.env.actor.{STREAMS_ENV}={streams}")  # every actor instance (actor, actor-2)
+        for k, v in links.items():  # one flow gets rate / S: S streams can fill the link
+            sets.append(f"cluster.regions.links.{k}.flow_mbps={(rate_mbps or float(v['rate_mbps'])) / streams}")
     if config in HETERO:
         env = SLOW_ENV if slow_env is None else slow_env
         sets += [f"cluster.env.{SLOW_ACTOR}.{k}={v}" for k, v in env.items()]
@@ -205,12 +224,13 @@ def run_mode(
     *,
     faults: list[Fault] | None = None,
     slow_env: dict[str, str] | None = None,
+    streams: int = STREAMS,
 ) -> dict[str, Any]:
     sets = [f"job.max_steps={steps}", "eval.every=0", "eval.at_start=false"]
     if model_dir:
         sets.append(f"model.dir={model_dir}")
     job = yaml.safe_load(JOB.read_text())
-    more, link_mbps = config_sets(config, job["cluster"]["regions"]["links"], rate_mbps, slow_env)
+    more, link_mbps = config_sets(config, job["cluster"]["regions"]["links"], rate_mbps, slow_env, streams)
     sets += more
     faults = faults if link_mbps is not None else []  # no link, nothing to break
     argv = [str(Path(sys.executable).parent / "rollart"), "run", str(JOB), "--out", str(out), "--quiet"]
@@ -224,7 +244,7 @@ def run_mode(
     metrics = out / "metrics.jsonl"
     if not metrics.exists() or summary.get("steps", 0) < 1:
         raise RuntimeError(f"{config}: rollart run exited {code}:\n{stderr}")
-    return build_row(config, job, link_mbps, out, summary, wall, injected, model_dir, slow_env)
+    return build_row(config, job, link_mbps, out, summary, wall, injected, model_dir, slow_env, streams)
 
 
 def build_row(
@@ -237,6 +257,7 @@ def build_row(
     faults: list[dict[str, Any]],
     model_dir: str | None = None,
     slow_env: dict[str, str] | None = None,
+    streams: int = STREAMS,
 ) -> dict[str, Any]:
     """One row from a finished run's folder (metrics.jsonl, summary.json, the trainer's log)."""
     metrics = out / "metrics.jsonl"
@@ -260,6 +281,8 @@ def build_row(
     }
     if faults:
         row["faults"] = faults
+    if config == "full-streams" and link_mbps:
+        row["streams"], row["flow_mbps"] = streams, link_mbps / streams
     if config in HETERO:
         row["slow_actor"] = {"instance": SLOW_ACTOR, "env": SLOW_ENV if slow_env is None else slow_env}
         row["allocation"] = config.removeprefix("rollart-")
@@ -424,6 +447,10 @@ def main(argv: list[str] | None = None) -> int:
         "--slow-env", action="append", default=[], metavar="KEY=VALUE",
         help=f"the slowed actor's environment in rollart-uniform/-proportional (default: {SLOW_ENV})",
     )  # fmt: skip
+    ap.add_argument(
+        "--streams", type=int, default=STREAMS,
+        help=f"full-streams: HTTP streams per checkpoint; each connection capped at the link's rate / it ({STREAMS})",
+    )  # fmt: skip
     ap.add_argument("--model-dir", help="model.dir for every run (a built warm start is reused by recipe)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it is stopped")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-geo"), help="run folders (one per config)")
@@ -437,8 +464,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     configs = a.configs.split(",")
     for config in configs:
-        if config in NOT_BUILT:
-            ap.error(f"--configs: {config}: {NOT_BUILT[config]}")
         if config not in CONFIGS:
             ap.error(f"--configs: unknown config {config!r} ({', '.join(CONFIGS)})")
     try:
@@ -450,10 +475,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
     if rates and a.rate_mbps:
         ap.error("--rates and --rate-mbps: one or the other")
+    if not 1 <= a.streams <= MAX_STREAMS:
+        ap.error(f"--streams {a.streams}: from 1 to {MAX_STREAMS}")
     rows = []
     for config, rate in plan_rows(configs, rates, a.rate_mbps):
         out = run_dir(a.out.resolve(), config, rate, bool(rates), bool(faults))
-        row = run_mode(config, out, a.steps, a.model_dir, rate, a.timeout, faults=faults, slow_env=slow_env)
+        row = run_mode(
+            config, out, a.steps, a.model_dir, rate, a.timeout, faults=faults, slow_env=slow_env, streams=a.streams
+        )
         print(json.dumps({k: v for k, v in row.items() if k != "timeline"}), flush=True)
         rows.append(row)
     add_ratios(rows)

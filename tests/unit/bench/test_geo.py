@@ -61,8 +61,39 @@ def test_heterogeneous_rows_slow_one_actor_and_the_uniform_row_asks_for_uniform(
     sets, _ = geo.config_sets("rollart-uniform", LINKS, 1.2, {"ROLLART_CPUS": "1"})
     assert "cluster.env.actor-2.ROLLART_CPUS=1" in sets and geo.UNIFORM_SET in sets
     assert "cluster.regions.links.infer->train.rate_mbps=1.2" in sets
-    with pytest.raises(ValueError, match="not built"):
-        geo.config_sets("full-streams", LINKS, None)
+
+
+def test_full_streams_row_stripes_the_download_and_caps_each_flow():
+    sets, rate = geo.config_sets("full-streams", LINKS, None)
+    assert rate == 0.6 and sets == [
+        "job.publish.weight_sync=full_checkpoint", "job.alpha=1", "cluster.env.actor.ROLLART_CHECKPOINT_STREAMS=4",
+        "cluster.regions.links.train->infer.flow_mbps=0.15", "cluster.regions.links.infer->train.flow_mbps=0.15",
+    ]  # fmt: skip
+    sets, rate = geo.config_sets("full-streams", LINKS, 2.4, streams=8)
+    assert rate == 2.4 and "cluster.env.actor.ROLLART_CHECKPOINT_STREAMS=8" in sets
+    assert "cluster.regions.links.train->infer.rate_mbps=2.4" in sets
+    assert "cluster.regions.links.train->infer.flow_mbps=0.3" in sets
+    with pytest.raises(ValueError, match="--streams 0"):
+        geo.config_sets("full-streams", LINKS, None, streams=0)
+
+
+@pytest.mark.parametrize("streams", [1, 3, 4])
+def test_full_streams_overrides_load_on_the_real_job_file(streams):
+    """The row's overrides on examples/geo.yaml pass the job file's checks: every link's flow is rate / S (at
+    most its rate), and every actor instance gets the streams."""
+    from rollart.job.spec import apply_overrides, load_job_file
+    from rollart.local.cluster import SERVICE_NAMES
+    from rollart.local.regions import parse_regions
+
+    data = load_job_file(geo.JOB)
+    sets, _ = geo.config_sets("full-streams", data["cluster"]["regions"]["links"], None, streams=streams)
+    data = apply_overrides(data, sets)
+    regions = parse_regions(data["cluster"], SERVICE_NAMES, int(data["cluster"]["actors"]))
+    assert regions is not None
+    for link in regions.links.values():
+        assert link.flow_mbps == pytest.approx(link.rate_mbps / streams) and link.flow_mbps <= link.rate_mbps
+    assert str(data["cluster"]["env"]["actor"]["ROLLART_CHECKPOINT_STREAMS"]) == str(streams)
+    assert data["job"]["publish"]["weight_sync"] == "full_checkpoint" and data["job"]["alpha"] == 1
 
 
 def test_sweep_runs_and_folders():
@@ -145,6 +176,8 @@ def test_a_row_from_a_run_folder(tmp_path: Path):
     injected = [{"fault": "down:30@step3", "after_step": 3, "at": 2.0}]
     faulty = geo.build_row("rollart", job, 0.6, out2, json.loads((out2 / "summary.json").read_text()), 1.0, injected)
     assert faulty["reference"] is False and faulty["faults"] == injected and faulty["link_faults"][0]["down_s"] == 30
+    streams = geo.build_row("full-streams", job, 0.6, out, {}, 1.0, [], streams=4)
+    assert streams["reference"] is True and (streams["streams"], streams["flow_mbps"]) == (4, 0.15)
 
 
 def test_faults_are_injected_while_the_run_goes(tmp_path: Path):
@@ -175,7 +208,8 @@ def test_faults_are_injected_while_the_run_goes(tmp_path: Path):
 
 def test_main_refuses_what_cannot_run(capsys):
     for argv, msg in [
-        (["--configs", "rollart,full-streams"], "not built"),
+        (["--configs", "rollart,full-streams", "--streams", "0"], "--streams 0: from 1 to 64"),
+        (["--configs", "rollart,full-lag3"], "unknown config"),
         (["--configs", "rollart", "--rates", "sweep", "--rate-mbps", "1"], "one or the other"),
         (["--fault", "down:30@stepx"], "expected"),
         (["--fault", "a->b=down:30@step3"], "no link"),
