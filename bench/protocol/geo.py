@@ -48,11 +48,13 @@ Beyond the reference rows (each an option; without them the rows above run as th
   ``timeline`` (its steps from metrics.jsonl); ``python -m bench geo --plot ROWS.json`` redraws them.
 - ``full-streams``: full-lag1 with each actor GETting a checkpoint as ``--streams`` S (default 4) parallel HTTP
   Range GETs (``ROLLART_CHECKPOINT_STREAMS``, rollart.weights.http_store), the seed's full weights over S TCP
-  streams. One TCP flow over a long-RTT link is bound by its window / RTT, so the row caps every connection at
-  ``flow_mbps`` = the link's rate / S (both directions, each connection its own cap under the shared link):
-  one stream gets a quarter of the link (S = 4), S streams can fill it. full-lag1's one stream has no such cap,
-  so full-streams is at best full-lag1 here: the row shows striping recovering the link from window-bound
-  flows (one capped stream would take S x full_transfer_seconds); ``streams`` and ``flow_mbps`` are in the row.
+  streams. One TCP flow over a long-RTT link is bound by its window / RTT, so the row caps every connection out
+  of the trainer's region (the direction the weights cross) at ``flow_mbps`` = the link's rate / S, each its own
+  cap under the shared link: one stream gets 1/S of the link, S streams can fill it. The other direction
+  (trajectories, lease calls) stays as full-lag1 has it, so the two rows differ only in how the weights cross.
+  full-lag1's one stream has no cap, so full-streams is at best full-lag1 here: the row shows striping taking
+  back the link from window-bound flows (one capped stream: S x ``full_transfer_seconds``). The row carries
+  ``streams`` and ``flow_mbps``.
 
     python -m bench geo --steps 6 --configs ideal,rollart,full-lag1,full-lag4 --json bench/results/geo-smoke.json
     python -m bench geo --steps 6 --configs ideal,rollart,full-lag1,full-streams --streams 4 --json bench/results/geo-streams.json
@@ -135,8 +137,10 @@ def config_sets(
     rate_mbps: float | None,
     slow_env: dict[str, str] | None = None,
     streams: int = STREAMS,
+    weights_from: str | None = None,
 ) -> tuple[list[str], float | None]:
-    """The job file's overrides of one row, and its link rate (None: no link)."""
+    """The job file's overrides of one row, and its link rate (None: no link). ``weights_from``: the trainer's
+    region (full-streams caps the flows of its outgoing links; None: of every link)."""
     if config not in CONFIGS:
         raise ValueError(f"unknown config {config!r} ({', '.join(CONFIGS)})")
     if config == "ideal":
@@ -154,6 +158,8 @@ def config_sets(
         sets += ["job.publish.weight_sync=full_checkpoint", "job.alpha=1"]
         sets.append(f"cluster.env.actor.{STREAMS_ENV}={streams}")  # every actor instance (actor, actor-2)
         for k, v in links.items():  # one flow gets rate / S: S streams can fill the link
+            if weights_from is not None and k.split("->")[0].strip() != weights_from:
+                continue
             sets.append(f"cluster.regions.links.{k}.flow_mbps={(rate_mbps or float(v['rate_mbps'])) / streams}")
     if config in HETERO:
         env = SLOW_ENV if slow_env is None else slow_env
@@ -230,7 +236,9 @@ def run_mode(
     if model_dir:
         sets.append(f"model.dir={model_dir}")
     job = yaml.safe_load(JOB.read_text())
-    more, link_mbps = config_sets(config, job["cluster"]["regions"]["links"], rate_mbps, slow_env, streams)
+    regions = job["cluster"]["regions"]
+    trainer = next((r for r, names in regions["place"].items() if "trainer" in names), None)
+    more, link_mbps = config_sets(config, regions["links"], rate_mbps, slow_env, streams, trainer)
     sets += more
     faults = faults if link_mbps is not None else []  # no link, nothing to break
     argv = [str(Path(sys.executable).parent / "rollart"), "run", str(JOB), "--out", str(out), "--quiet"]

@@ -75,6 +75,9 @@ def test_full_streams_row_stripes_the_download_and_caps_each_flow():
     assert "cluster.regions.links.train->infer.flow_mbps=0.3" in sets
     with pytest.raises(ValueError, match="--streams 0"):
         geo.config_sets("full-streams", LINKS, None, streams=0)
+    # Only the links out of the trainer's region (where the weights cross) are capped.
+    sets, _ = geo.config_sets("full-streams", LINKS, None, weights_from="train")
+    assert [s for s in sets if "flow_mbps" in s] == ["cluster.regions.links.train->infer.flow_mbps=0.15"]
 
 
 @pytest.mark.parametrize("streams", [1, 3, 4])
@@ -89,7 +92,7 @@ def test_full_streams_overrides_load_on_the_real_job_file(streams):
     sets, _ = geo.config_sets("full-streams", data["cluster"]["regions"]["links"], None, streams=streams)
     data = apply_overrides(data, sets)
     regions = parse_regions(data["cluster"], SERVICE_NAMES, int(data["cluster"]["actors"]))
-    assert regions is not None
+    assert regions is not None and len(regions.links) == 2
     for link in regions.links.values():
         assert link.flow_mbps == pytest.approx(link.rate_mbps / streams) and link.flow_mbps <= link.rate_mbps
     assert str(data["cluster"]["env"]["actor"]["ROLLART_CHECKPOINT_STREAMS"]) == str(streams)
@@ -232,3 +235,18 @@ def test_plot_only_redraws_saved_rows(tmp_path: Path):
         p.unlink()
     assert geo.main(["--plot", str(saved)]) == 0
     assert (tmp_path / "rows-bandwidth.png").stat().st_size > 1000 and saved.read_text() == before
+
+
+def test_full_streams_run_caps_the_links_out_of_the_trainers_region(tmp_path: Path, monkeypatch):
+    seen: list[str] = []
+
+    def fake_run(argv, out, faults):
+        seen.extend(argv)
+        return 1, "stopped", []
+
+    monkeypatch.setattr(geo, "rollart_run", fake_run)
+    with pytest.raises(RuntimeError, match="exited 1"):
+        geo.run_mode("full-streams", tmp_path / "out", 4, None, None, 60.0, streams=4)
+    sets = [seen[i + 1] for i, a in enumerate(seen) if a == "--set"]
+    assert "cluster.env.actor.ROLLART_CHECKPOINT_STREAMS=4" in sets
+    assert [s for s in sets if "flow_mbps" in s] == ["cluster.regions.links.train->infer.flow_mbps=0.15"]
