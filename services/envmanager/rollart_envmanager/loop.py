@@ -445,10 +445,9 @@ class Loop:
         try:
             resp = await m.submit(traj, self.holder, work, lease)
         except LedgerError as exc:
-            m.recording.discard(traj.trajectory_id)
             # Not a rejection: the ledger never answered (or refused the call itself). Counted as an
-            # infrastructure failure with its cause, the lease given back so the sample is redone at once.
-            scoring.cancel()
+            # infrastructure failure with its cause, the lease given back so the sample is redone at once
+            # (unless a lost reply hid its admission: _release_unsettled).
             cause = "ledger-unavailable" if exc.unreachable else "settle-failed"
             self.counters.infra_failures += 1
             m.failures[cause] += 1
@@ -457,8 +456,8 @@ class Loop:
             self.last_error = f"trajectory {traj.trajectory_id}: settlement failed: {exc}"
             log.warning("settlement failed", extra=log_fields(trajectory_id=traj.trajectory_id, cause=cause,
                                                                lease_id=lease.lease_id, error=str(exc)[:500]))
-            m.spawn(m.release_eventually(lease, self.holder, lp.RELEASE_REASON_INFRA_FAILURE,
-                                         f"{cause}: {exc}"[:1000], ep.tokens_generated))
+            m.spawn(self._release_unsettled(traj.trajectory_id, lease, f"{cause}: {exc}"[:1000], ep.tokens_generated,
+                                            scoring))
             return cause
         if resp.admitted:
             self.counters.admitted += 1
@@ -474,6 +473,26 @@ class Loop:
         log.info("trajectory rejected", extra=log_fields(trajectory_id=traj.trajectory_id, reason=reason,
                                                           detail=resp.detail))
         return "rejected"
+
+    async def _release_unsettled(self, tid: str, lease: lp.Lease, cause: str, tokens: int,
+                                 scoring: asyncio.Task) -> None:
+        """Releases the lease of a Submit that got no answer. A lost reply may hide an admission, whose reward
+        nobody else would record before the ledger's score deadline. The release makes the lease final (no Submit
+        admits it after that) and answers its state: SETTLED with this trajectory is that admission, whose
+        reward is recorded now (once: the ledger keeps the first); anything else admitted nothing."""
+        m = self.m
+        recorded = False
+        try:
+            after = await m.release_eventually(lease, self.holder, lp.RELEASE_REASON_INFRA_FAILURE, cause, tokens)
+            if after is not None and after.state == lp.LEASE_STATE_SETTLED and after.trajectory_id == tid:
+                log.warning("admitted after all: its reward is recorded", extra=log_fields(trajectory_id=tid,
+                                                                                          lease_id=lease.lease_id))
+                m.record_when_scored(tid, scoring)
+                recorded = True
+        finally:
+            if not recorded:
+                scoring.cancel()
+                m.recording.discard(tid)
 
     async def _failed(self, ep: Episode, exc: InfraFailure) -> None:
         """An infrastructure failure or timeout: reported with its cause, the sample goes back to the pool."""

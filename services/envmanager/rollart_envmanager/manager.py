@@ -145,20 +145,27 @@ class Manager:
         """Gives the lease back; ``tokens`` generated for the abandoned trajectory go into the job's generation
         accounting (the ledger counts them once per lease, also for a lease it had cancelled or expired).
         False when the ledger did not answer (retryable)."""
+        return await self.release_lease(lease, holder, reason, cause, tokens) is not None
+
+    async def release_lease(
+        self, lease: lp.Lease, holder: str, reason: lp.ReleaseReason, cause: str, tokens: int = 0
+    ) -> lp.Lease | None:
+        """:meth:`release`, answering the lease as the ledger left it (final: a final lease is left as it was; an
+        empty Lease when the ledger refused the release), None when it did not answer."""
         try:
             stub = await self._ledger()
-            await stub.ReleaseLease(lp.ReleaseLeaseRequest(lease_id=lease.lease_id, holder=holder, reason=reason,
-                                                           cause=cause, generated_tokens=tokens),
-                                    timeout=self.cfg.rpc_timeout_seconds)
+            return await stub.ReleaseLease(lp.ReleaseLeaseRequest(lease_id=lease.lease_id, holder=holder,
+                                                                  reason=reason, cause=cause, generated_tokens=tokens),
+                                           timeout=self.cfg.rpc_timeout_seconds)
         except (aio.AioRpcError, LedgerError) as exc:
             # The lease then expires by itself and goes back to the pool.
             log.warning("release failed: %s", exc, extra=log_fields(lease_id=lease.lease_id))
             if isinstance(exc, LedgerError):
-                return False
+                return None
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 await self.peers.ledger.forget()
-            return exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-        return True
+            unanswered = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            return None if unanswered else lp.Lease()
 
     async def reclaim(self, loop: Loop) -> int:
         """Releases the leases a previous process left under this loop's holder name (a restart with the same
@@ -184,14 +191,17 @@ class Manager:
         return released
 
     async def release_eventually(self, lease: lp.Lease, holder: str, reason: lp.ReleaseReason, cause: str,
-                                 tokens: int = 0) -> None:
-        """:meth:`release`, retried with backoff for ``release_retry_seconds`` while the ledger is unreachable
-        (ReleaseLease is idempotent); if it never answers, the lease expires back to the pool by itself."""
+                                 tokens: int = 0) -> lp.Lease | None:
+        """:meth:`release_lease`, retried with backoff for ``release_retry_seconds`` while the ledger is unreachable
+        (ReleaseLease is idempotent); if it never answers (None), the lease expires back to the pool by itself."""
         deadline = time.monotonic() + self.cfg.release_retry_seconds
         delay = 0.2
-        while not await self.release(lease, holder, reason, cause, tokens) and time.monotonic() < deadline:
+        while (after := await self.release_lease(lease, holder, reason, cause, tokens)) is None:
+            if time.monotonic() >= deadline:
+                break
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+        return after
 
     async def submit(self, traj: common_pb2.Trajectory, holder: str, work: list[lp.ActorWork],
                      lease: lp.Lease) -> lp.SubmitResponse:
