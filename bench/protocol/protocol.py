@@ -225,7 +225,7 @@ def combine(seeds: list[dict]) -> dict:
     ``per_seed``."""
     row = dict(seeds[0])
     for key, value in seeds[0].items():
-        if key.startswith("eval_") and key not in ("eval_curve",) or key == "final_eval":
+        if key.startswith("eval_") and key not in ("eval_curve", "eval_points") or key == "final_eval":
             row[key] = _median_or_none([s.get(key) for s in seeds])
         elif key == "time_to_score_s":
             row[key] = _median_or_none([s.get(key) for s in seeds])

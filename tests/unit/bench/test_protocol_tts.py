@@ -44,7 +44,7 @@ def test_medians_over_seeds_count_never_as_never():
     assert _median_or_none([]) is None
     base = {"name": "async-1", "step_s": 2.0, "steps": 5, "state": "COMPLETED", "time_to_score_s": None,
             "reward_first10": 0.1, "reward_last10": 0.5, "samples_per_s": 16.0, "wasted": 0.0, "accounting": {},
-            **validation({"validation": {"frozenlake": {"time_to_score_seconds": 40.0, "step_to_score": 4,
+            "eval_points": [(0.0, 0.1), (40.0, 0.8)], **validation({"validation": {"frozenlake": {"time_to_score_seconds": 40.0, "step_to_score": 4,
                                                         "final": 0.75, "curve": [[0, 0.1]]}}})}  # fmt: skip
     seeds = [dict(base, seed=0), dict(base, seed=1, eval_time_to_score_s=None, eval_steps_to_score=None,
                                       final_eval=0.5, step_s=4.0), dict(base, seed=2, eval_time_to_score_s=60.0,
@@ -52,6 +52,7 @@ def test_medians_over_seeds_count_never_as_never():
     row = combine(seeds)
     assert (row["eval_time_to_score_s"], row["eval_steps_to_score"], row["final_eval"], row["step_s"]) == (
         60.0, 6, 0.75, 2.0)  # fmt: skip
+    assert row["eval_points_seeds"] == [[(0.0, 0.1), (40.0, 0.8)]] * 3  # curves are kept per seed, not medians
     (obj,) = json_rows([row])
     assert obj["config"] == "async-1"
     assert (obj["time_to_score_seconds"], obj["steps_to_score"], obj["final_eval"]) == (60.0, 6, 0.75)
