@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
@@ -10,19 +9,11 @@ import time
 from pathlib import Path
 
 from rollart.local import cluster as local
-from rollart.local.processes import free_port, stop_pid
+from rollart.local.processes import stop_pid
 from rollart.local.supervisor import Supervisor, supervised
 
 
-def test_a_dead_links_process_is_restarted_on_its_addresses(tmp_path: Path):
-    listen = f"127.0.2.2:{free_port('127.0.2.2')}"
-    plan = {
-        "links": {"a->b": {"rate_mbps": 8}, "b->a": {"rate_mbps": 8}},
-        "forwarders": [{"name": "b>x", "listen": listen, "target": "127.0.1.1:9", "up": "b->a", "down": "a->b"}],
-        "ready_file": str(tmp_path / "run" / "links.ready"),
-        "counters_file": str(tmp_path / "links.json"),
-    }  # fmt: skip
-    (tmp_path / "links-plan.json").write_text(json.dumps(plan))
+def test_a_dead_links_process_is_restarted_on_its_addresses(tmp_path: Path, links_plan_file: str):
     dead = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
     while Path(f"/proc/{dead.pid}/stat").read_text().split(")")[1].split()[0] != "Z":  # dead, not reaped
         time.sleep(0.01)
@@ -34,7 +25,7 @@ def test_a_dead_links_process_is_restarted_on_its_addresses(tmp_path: Path):
     try:
         assert [(e.process, e.kind, e.cause) for e in events] == [("links", "restarted", "killed by SIGKILL")]
         assert events[0].new_pid == new["pid"] != dead.pid and new["restarts"] == 1
-        host, port = listen.rsplit(":", 1)
+        host, port = links_plan_file.rsplit(":", 1)
         socket.create_connection((host, int(port)), timeout=2).close()
         assert sup.check() == []  # alive: left alone
     finally:
