@@ -119,3 +119,39 @@ def recovery(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+# What the fault tests check of a finished run's summary (messages given: this module's asserts are not rewritten).
+LEASE_STATES = ("active", "settled", "rejected", "expired", "cancelled", "released")
+
+
+def check_settled_once(ledger: dict[str, Any], untrained: tuple[str, ...] = ("evicted", "failed")) -> None:
+    """No trajectory settled twice; a slot settled again only as often as samples left the buffer untrained (the
+    fates ``untrained``), which re-issues their slots by design."""
+    assert ledger["settled_slots"] == ledger["settled_distinct_trajectories"], ledger
+    acct = ledger.get("accounting", {})
+    left_untrained = sum(int(acct.get(fate, {}).get("samples", 0)) for fate in untrained)
+    assert ledger["settled_slots"] - ledger["settled_distinct_slots"] <= left_untrained, ledger
+
+
+def check_accounting(ledger: dict[str, Any], settled_at_least: int) -> None:
+    """check_settled_once, at least ``settled_at_least`` slots settled, the ledger's counters equal to its leases
+    state by state, and nothing left reserved in the buffer."""
+    check_settled_once(ledger)
+    assert ledger["settled_slots"] >= settled_at_least, ledger
+    counts, listed = ledger["lease_counts"], ledger["leases_listed"]
+    for state in LEASE_STATES:
+        assert int(counts.get(state, 0)) == listed.get(state, 0), (state, counts, listed)
+    assert ledger["buffer_reserved"] == 0, ledger
+
+
+def check_actors_on_last_version(final: dict[str, Any], steps: int, actors: int = 2) -> None:
+    """Every version 0..steps published by the trainer, none failed, and the ``actors`` live actors on the last
+    one with the trainer's hash."""
+    versions = final["ledger"]["versions"]
+    assert sorted(int(v) for v in versions) == list(range(steps + 1)), versions
+    assert final["trainer"]["published"] == versions and final["trainer"]["failed_publications"] == 0, final["trainer"]
+    live = {a: s for a, s in final["actors"].items() if s["liveness"] == "ALIVE"}
+    assert len(live) == actors, final["actors"]
+    for state in live.values():
+        assert state["active_version"] == steps and state["active_hash"] == versions[str(steps)], (state, versions)

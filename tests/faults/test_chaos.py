@@ -57,16 +57,7 @@ def test_accounting_is_intact(chaotic):
     # untrained: evicted as stale (a loaded run can evict), or failed because its reward never came (the
     # envmanager killed between settling and scoring: the reaper un-admits it). Either re-issues the slot by
     # design. "failed" also counts trajectories that ended abnormally (never settled), so it bounds from above.
-    assert ledger["settled_slots"] == ledger["settled_distinct_trajectories"]
-    acct = ledger.get("accounting", {})
-    left_untrained = sum(int(acct.get(fate, {}).get("samples", 0)) for fate in ("evicted", "failed"))
-    assert ledger["settled_slots"] - ledger["settled_distinct_slots"] <= left_untrained, ledger
-    assert ledger["settled_slots"] >= STEPS * BATCH
-    # The ledger's counters equal its leases, state by state.
-    counts, listed = ledger["lease_counts"], ledger["leases_listed"]
-    for state in ("active", "settled", "rejected", "expired", "cancelled", "released"):
-        assert int(counts.get(state, 0)) == listed.get(state, 0), (state, counts, listed)
-    assert ledger["buffer_reserved"] == 0
+    chaos.check_accounting(ledger, settled_at_least=STEPS * BATCH)
     # Settlements that could not reach the ledger are failures, never rejections: the envmanager (counting
     # since its restart) saw no more rejections than the ledger made.
     env = chaotic["summary"]["final"]["envmanager"]
@@ -74,14 +65,7 @@ def test_accounting_is_intact(chaotic):
 
 
 def test_both_actors_end_on_the_last_version_with_the_trainers_hash(chaotic):
-    final = chaotic["summary"]["final"]
-    versions = final["ledger"]["versions"]
-    assert sorted(int(v) for v in versions) == list(range(STEPS + 1))
-    assert final["trainer"]["published"] == versions and final["trainer"]["failed_publications"] == 0
-    live = {a: s for a, s in final["actors"].items() if s["liveness"] == "ALIVE"}
-    assert len(live) == 2, final["actors"]
-    for state in live.values():
-        assert state["active_version"] == STEPS and state["active_hash"] == versions[str(STEPS)]
+    chaos.check_actors_on_last_version(chaotic["summary"]["final"], STEPS)
 
 
 def test_each_fault_is_followed_by_a_completed_step_soon(chaotic):
