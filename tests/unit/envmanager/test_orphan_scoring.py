@@ -8,12 +8,11 @@ import asyncio
 import grpc
 from grpc import aio
 
-from rollart.v1 import common_pb2, envmanager_pb2
+from rollart.v1 import common_pb2
 from rollart.v1 import ledger_pb2 as lp
 from rollart.v1 import reward_pb2 as rp
-from rollart_envmanager.config import EnvManagerConfig
-from rollart_envmanager.loop import Group
 from rollart_envmanager.manager import Manager
+from tests.unit.envmanager.conftest import builtin_group, fake_manager
 
 MATH = common_pb2.RewardSpec(kind=common_pb2.SCORER_KIND_MATH)
 
@@ -63,29 +62,9 @@ def sample(tid: str, holder: str = "em-1/g/0", environment: str = "") -> lp.Unsc
 
 
 async def orphans(ledger: FakeLedger, reward: FakeReward, own: tuple[str, ...] = ()) -> tuple[int, Manager]:
-    m = Manager(
-        EnvManagerConfig(
-            manager_id="em-1",
-            ledger="127.0.0.1:9",
-            reward="127.0.0.1:9",
-            settle_retry_seconds=5,
-            insecure_disable_auth=True,
-        )
-    )
-
-    async def ledger_stub() -> FakeLedger:
-        return ledger
-
-    async def reward_stub() -> FakeReward:
-        return reward
-
-    m._ledger = ledger_stub  # type: ignore[method-assign]
-    m.peers.reward.stub = reward_stub  # type: ignore[method-assign]
+    m = fake_manager(ledger, reward, settle_retry_seconds=5)
     m.recording.update(own)
-    request = envmanager_pb2.StartLoopsRequest(
-        group_id="g", count=1, env=envmanager_pb2.EnvironmentSpec(environment="code:builtin")
-    )
-    group = Group(request, m.task_config(request.env), "em-1/g", ["code"])
+    group = builtin_group(m, ["code"])
     try:
         n = await m.score_orphans(group)
         while m._tasks:

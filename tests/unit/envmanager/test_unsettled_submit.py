@@ -14,17 +14,17 @@ from types import SimpleNamespace
 import grpc
 from grpc import aio
 
-from rollart.v1 import common_pb2, envmanager_pb2
+from rollart.v1 import common_pb2
 from rollart.v1 import ledger_pb2 as lp
 from rollart.v1 import reward_pb2 as rp
-from rollart_envmanager.config import EnvManagerConfig
 from rollart_envmanager.episode import Episode
 from rollart_envmanager.ledger_batch import LedgerBatcher
-from rollart_envmanager.loop import Group, Loop
+from rollart_envmanager.loop import Loop
 from rollart_envmanager.manager import Manager
 from rollart_ledger import validators
 from rollart_ledger.settlement import Settlement
 from tests.integration.ledger.helpers import h, trajectory
+from tests.unit.envmanager.conftest import builtin_group, fake_manager
 from tests.unit.ledger import conftest as lua
 from tests.unit.ledger.conftest import Store
 
@@ -104,30 +104,19 @@ class Reward:
 
 def make_loop(ledger: Ledger, reward: Reward, **cfg: float) -> Loop:
     cfg.setdefault("release_retry_seconds", 5.0)
-    m = Manager(
-        EnvManagerConfig(
-            manager_id="em-1",
-            ledger="127.0.0.1:9",
-            reward="127.0.0.1:9",
-            settle_retry_seconds=0,
-            insecure_disable_auth=True,
-            **cfg,
-        )
-    )
+    m = fake_manager(ledger, reward, settle_retry_seconds=0, **cfg)
+    m.ledger_calls = LedgerBatcher(m._ledger)
+    return Loop(m, builtin_group(m, ["math"]), 0)
 
-    async def ledger_stub() -> Ledger:
-        return ledger
 
-    async def reward_stub() -> Reward:
-        return reward
-
-    m._ledger = ledger_stub  # type: ignore[method-assign]
-    m.ledger_calls = LedgerBatcher(ledger_stub)
-    m.peers.reward.stub = reward_stub  # type: ignore[method-assign]
-    request = envmanager_pb2.StartLoopsRequest(
-        group_id="g", count=1, env=envmanager_pb2.EnvironmentSpec(environment="code:builtin")
-    )
-    return Loop(m, Group(request, m.task_config(request.env), "em-1/g", ["math"]), 0)
+async def one_lease(store: Store, lose: str = "", down: bool = False, **cfg: float) -> tuple[lp.Lease, Ledger, Loop]:
+    """A ready job with one lease for HOLDER, the ledger's stand-in over ``store`` (``lose``, ``down``: see
+    Ledger) and a loop on it."""
+    await store.ready_job()
+    [lease] = await store.acquire(holder=HOLDER)
+    ledger = Ledger(store)
+    ledger.lose, ledger.down = lose, down
+    return lease, ledger, make_loop(ledger, Reward(), **cfg)
 
 
 async def settle(loop: Loop, lease: lp.Lease, traj: common_pb2.Trajectory) -> str:
@@ -149,11 +138,7 @@ async def done(outcome: common_pb2.RewardOutcome | None, cause: str = "") -> tup
 
 
 async def test_a_lost_reply_of_an_applied_admission_is_scored_at_once_and_once(store: Store):
-    await store.ready_job()
-    [lease] = await store.acquire(holder=HOLDER)
-    ledger, reward = Ledger(store), Reward()
-    ledger.lose = "reply"
-    loop = make_loop(ledger, reward)
+    lease, ledger, loop = await one_lease(store, lose="reply")
     traj = trajectory(lease, scored=False)
     tid = traj.trajectory_id
     t0 = time.monotonic()
@@ -187,11 +172,7 @@ async def test_a_lost_reply_of_an_applied_admission_is_scored_at_once_and_once(s
 
 
 async def test_a_submit_that_never_arrived_is_released_and_records_no_reward(store: Store):
-    await store.ready_job()
-    [lease] = await store.acquire(holder=HOLDER)
-    ledger, reward = Ledger(store), Reward()
-    ledger.lose = "request"
-    loop = make_loop(ledger, reward)
+    lease, ledger, loop = await one_lease(store, lose="request")
     traj = trajectory(lease, scored=False)
     assert await settle(loop, lease, traj) == "ledger-unavailable"
     got = await store.lease(lease.lease_id)
@@ -206,11 +187,7 @@ async def test_a_submit_that_never_arrived_is_released_and_records_no_reward(sto
 
 
 async def test_a_lost_reply_of_a_rejection_records_no_reward(store: Store):
-    await store.ready_job()
-    [lease] = await store.acquire(holder=HOLDER)
-    ledger, reward = Ledger(store), Reward()
-    ledger.lose = "reply"
-    loop = make_loop(ledger, reward)
+    lease, ledger, loop = await one_lease(store, lose="reply")
     traj = trajectory(lease, scored=False, hashes={lease.version: h(99)})  # rejected: HASH_MISMATCH
     assert await settle(loop, lease, traj) == "ledger-unavailable"
     got = await store.lease(lease.lease_id)
@@ -220,11 +197,7 @@ async def test_a_lost_reply_of_a_rejection_records_no_reward(store: Store):
 
 
 async def test_a_ledger_that_never_answers_leaves_no_bookkeeping_behind(store: Store):
-    await store.ready_job()
-    [lease] = await store.acquire(holder=HOLDER)
-    ledger, reward = Ledger(store), Reward()
-    ledger.down = True
-    loop = make_loop(ledger, reward, release_retry_seconds=0)
+    lease, ledger, loop = await one_lease(store, down=True, release_retry_seconds=0)
     assert await settle(loop, lease, trajectory(lease, scored=False)) == "ledger-unavailable"
     assert len(ledger.releases) == 1 and ledger.rewards == []
     assert loop.m.recording == set() and loop.m.rewards_pending == 0
