@@ -5,10 +5,7 @@ manifest/index, a 500); routes from ROLLART_CHECKPOINT_ROUTES; the download cach
 
 from __future__ import annotations
 
-import functools
 import json
-import threading
-from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -62,18 +59,11 @@ class Handler(SimpleHTTPRequestHandler):
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[DirectoryStore, ThreadingHTTPServer, str]]:
+def served(tmp_path: Path, serve_folder) -> tuple[DirectoryStore, ThreadingHTTPServer, str]:
     store = DirectoryStore(tmp_path / "ckpt")
     store.root.mkdir()
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(store.root)))
-    srv.requests, srv.faults = [], {}  # type: ignore[attr-defined]
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield store, srv, f"http://127.0.0.1:{srv.server_address[1]}/"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    srv, url = serve_folder(Handler, store.root, requests=[], faults={})
+    return store, srv, url
 
 
 def http(url: str, tmp_path: Path) -> HttpStore:

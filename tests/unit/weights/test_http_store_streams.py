@@ -5,15 +5,12 @@ busybox httpd (the cluster's checkpoint server) answering Range."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import shutil
 import subprocess
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -75,21 +72,13 @@ class RangeHandler(SimpleHTTPRequestHandler):
 
 
 @pytest.fixture
-def served(tmp_path: Path, monkeypatch) -> Iterator[tuple[DirectoryStore, ThreadingHTTPServer, str]]:
+def served(tmp_path: Path, monkeypatch, serve_folder) -> tuple[DirectoryStore, ThreadingHTTPServer, str]:
     monkeypatch.setattr(http_store, "MIN_STRIPE", 1024)  # a 32 KiB test file splits into S stripes
     monkeypatch.delenv(STREAMS_ENV, raising=False)
     store = DirectoryStore(tmp_path / "ckpt")
     store.root.mkdir()
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(store.root)))
-    srv.requests, srv.faults, srv.ranges = [], {}, True  # type: ignore[attr-defined]
-    srv.daemon_threads = True
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield store, srv, f"http://127.0.0.1:{srv.server_address[1]}/"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    srv, url = serve_folder(RangeHandler, store.root, requests=[], faults={}, ranges=True, daemon_threads=True)
+    return store, srv, url
 
 
 def _file_requests(srv) -> list[str | None]:
