@@ -20,10 +20,10 @@ The regime (the seed's ratio, issue 26): full weights take ~2.8x a step's genera
 generation window on this 2-core machine is ~5 s, so the link runs at 0.6 Mbit/s: 1,052,984 x 8 / 0.6e6 = 14.0 s
 = 2.8 x 5 s. Each row also reports what it measured: ``full_bytes``, ``full_transfer_seconds`` (full_bytes at the
 link's rate) over the ideal row's ``step_seconds`` (``window_ratio``: async rollout overlaps training, so a
-step of the ideal run is the time the actors take to generate one batch), and for the rollart row the per-step
+step of the ideal run is the time the actors take to generate one batch), and on every row the per-step
 delta density ``delta_bytes_per_step`` / ``full_bytes`` (``delta_density``, from the trainer's "version
 published" log lines). The learning rate is examples/geo.yaml's (5e-4, a tiny model on a narrow task): its
-updates touch far more bf16 entries than the seed's 1.3%; the density is reported, not tuned.
+updates touch far more bf16 entries than the seed's 1.3% (``--set`` below runs another learning rate).
 
 What the full rows are: each of the region's two actors GETs its own copy (no relay for full weights), so a
 version costs the link 2 x 14 s. With alpha > 1 (full-lag2/4) each actor's load of v starts when v is
@@ -56,9 +56,25 @@ Beyond the reference rows (each an option; without them the rows above run as th
   back the link from window-bound flows (one capped stream: S x ``full_transfer_seconds``). The row carries
   ``streams`` and ``flow_mbps``.
 
+- ``relay-nN`` / ``direct-nN`` (N = 1 to 8; bench/protocol/geo_fanout.py): N actors in the actors' region, each
+  delta through the relay there (relay) or pulled by every actor from the trainer across the link (direct: the
+  relay moved beside the trainer, the actors' relay endpoint a closed port, so they follow their fallback, the
+  trainer). Every row with links carries ``weights_egress_bytes`` (out of the trainer's region through the data
+  and checkpoint forwarders of ``cluster/links.json``), ``weights_egress_per_version`` and
+  ``weights_egress_per_delta`` (copies of each delta that crossed); a relay row with its direct row at the same
+  rate ``relay_egress_ratio`` (target 1/N, ``egress_target``).
+- ``--set KEY=VALUE`` (``rollart run --set``'s syntax, repeated): a job-file field on every row, after the row's
+  own (the ideal row skips ``cluster.regions.*``), checked on every row before anything runs; each row records
+  its ``sets``. A ``cluster.*`` or ``model.*`` set makes a row no reference (it may move the link or the
+  weights' size). ``delta_density`` is on every row (full-weight modes encode the delta too; None when no
+  version was published): e.g. ``--set job.grpo.learning_rate=2.0e-5`` for the seed's ~1.3% per step.
+
     python -m bench geo --steps 6 --configs ideal,rollart,full-lag1,full-lag4 --json bench/results/geo-smoke.json
     python -m bench geo --steps 6 --configs ideal,rollart,full-lag1,full-streams --streams 4 --json bench/results/geo-streams.json
     python -m bench geo --steps 6 --rates sweep --configs ideal,rollart,full-lag1 --json bench/results/geo-sweep.json
+    python -m bench geo --steps 6 --configs relay-n2,direct-n2,relay-n4,direct-n4 --timeout 900 --json bench/results/geo-fanout.json
+    python -m bench geo --steps 8 --configs ideal,rollart,full-lag1,full-lag4 --set job.grpo.learning_rate=2.0e-5 \\
+        --json bench/results/geo-regime.json
 """
 
 from __future__ import annotations
@@ -75,7 +91,7 @@ from typing import Any
 
 import yaml
 
-from bench.protocol import geo_plot
+from bench.protocol import geo_fanout, geo_plot
 from bench.protocol.geo_faults import Fault, Schedule, check_faults, last_step, parse_fault
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,7 +132,7 @@ def step_timeline(metrics: Path) -> list[dict[str, float]]:
 
 CONFIGS = (
     "ideal", "rollart", "full-lag1", "full-lag2", "full-lag4", "full-streams", "rollart-uniform",
-    "rollart-proportional",
+    "rollart-proportional", "relay-n2", "direct-n2", "relay-n4", "direct-n4",
 )  # fmt: skip
 STREAMS = 4  # full-streams: HTTP streams per checkpoint download, and the link's rate / flow cap
 MAX_STREAMS = 64  # rollart.weights.http_store's bound on ROLLART_CHECKPOINT_STREAMS
@@ -131,6 +147,14 @@ SLOW_ENV = {"ROLLART_MAX_NUM_SEQS": "2"}
 UNIFORM_SET = "job.options.ledger.allocation=uniform"
 
 
+def check_config(config: str) -> tuple[str, int] | None:
+    """ValueError unless ``config`` is a row this runs; its (kind, N) when a fan-out row (relay-nN, direct-nN)."""
+    fanout = geo_fanout.parse(config)
+    if config not in CONFIGS and fanout is None:
+        raise ValueError(f"unknown config {config!r} ({', '.join(CONFIGS)}; relay-nN, direct-nN)")
+    return fanout
+
+
 def config_sets(
     config: str,
     links: dict[str, Any],
@@ -138,14 +162,19 @@ def config_sets(
     slow_env: dict[str, str] | None = None,
     streams: int = STREAMS,
     weights_from: str | None = None,
+    place: dict[str, list[str]] | None = None,
 ) -> tuple[list[str], float | None]:
     """The job file's overrides of one row, and its link rate (None: no link). ``weights_from``: the trainer's
-    region (full-streams caps the flows of its outgoing links; None: of every link)."""
-    if config not in CONFIGS:
-        raise ValueError(f"unknown config {config!r} ({', '.join(CONFIGS)})")
+    region (full-streams caps the flows of its outgoing links; None: of every link); ``place``: the file's
+    ``cluster.regions.place`` (the fan-out rows rewrite it)."""
+    fanout = check_config(config)
     if config == "ideal":
         return ["cluster.regions=null"], None
     sets: list[str] = []
+    if fanout:
+        if place is None:
+            raise ValueError(f"{config}: needs the job file's cluster.regions.place")
+        sets += geo_fanout.fanout_sets(*fanout, place)
     link_mbps = min(float(v["rate_mbps"]) for v in links.values())
     if rate_mbps:
         sets += [f"cluster.regions.links.{k}.rate_mbps={rate_mbps}" for k in links]
@@ -231,14 +260,13 @@ def run_mode(
     faults: list[Fault] | None = None,
     slow_env: dict[str, str] | None = None,
     streams: int = STREAMS,
+    user_sets: list[str] | None = None,
 ) -> dict[str, Any]:
     sets = [f"job.max_steps={steps}", "eval.every=0", "eval.at_start=false"]
     if model_dir:
         sets.append(f"model.dir={model_dir}")
     job = yaml.safe_load(JOB.read_text())
-    regions = job["cluster"]["regions"]
-    trainer = next((r for r, names in regions["place"].items() if "trainer" in names), None)
-    more, link_mbps = config_sets(config, regions["links"], rate_mbps, slow_env, streams, trainer)
+    more, link_mbps, applied = row_sets(config, job, rate_mbps, slow_env, streams, user_sets)
     sets += more
     faults = faults if link_mbps is not None else []  # no link, nothing to break
     argv = [str(Path(sys.executable).parent / "rollart"), "run", str(JOB), "--out", str(out), "--quiet"]
@@ -252,7 +280,42 @@ def run_mode(
     metrics = out / "metrics.jsonl"
     if not metrics.exists() or summary.get("steps", 0) < 1:
         raise RuntimeError(f"{config}: rollart run exited {code}:\n{stderr}")
-    return build_row(config, job, link_mbps, out, summary, wall, injected, model_dir, slow_env, streams)
+    return build_row(config, job, link_mbps, out, summary, wall, injected, model_dir, slow_env, streams, applied)
+
+
+def row_sets(
+    config: str,
+    job: dict[str, Any],
+    rate_mbps: float | None,
+    slow_env: dict[str, str] | None = None,
+    streams: int = STREAMS,
+    user_sets: list[str] | None = None,
+) -> tuple[list[str], float | None, list[str]]:
+    """A row's overrides of the job file (its own, then ``--set``'s), its link rate, and the ``--set`` items it
+    got: all of them, but those below ``cluster.regions`` on the ideal row (it has no regions)."""
+    regions = job["cluster"]["regions"]
+    trainer = geo_fanout.region_holding(regions["place"], "trainer")
+    own, link_mbps = config_sets(config, regions["links"], rate_mbps, slow_env, streams, trainer, regions["place"])
+    applied = [s for s in user_sets or [] if link_mbps is not None or not s.startswith("cluster.regions")]
+    return own + applied, link_mbps, applied
+
+
+def check_rows(configs: list[str], user_sets: list[str], rate_mbps: float | None = None) -> None:
+    """Every row's overrides on the job file pass ``rollart run``'s checks (a SpecError naming the path), before
+    anything runs."""
+    from rollart.job.spec import apply_overrides, load_job_file
+    from rollart.local.cluster import SERVICE_NAMES
+    from rollart.local.regions import RegionError, parse_regions
+
+    for config in dict.fromkeys(configs):
+        data = load_job_file(JOB)
+        sets, _, _ = row_sets(config, data, rate_mbps, user_sets=user_sets)
+        data = apply_overrides(data, sets)
+        cluster = data.get("cluster") or {}
+        try:
+            parse_regions(cluster, SERVICE_NAMES, int(cluster.get("actors", 2)))
+        except RegionError as exc:
+            raise ValueError(f"{config}: {exc}") from None
 
 
 def build_row(
@@ -266,12 +329,18 @@ def build_row(
     model_dir: str | None = None,
     slow_env: dict[str, str] | None = None,
     streams: int = STREAMS,
+    sets: list[str] | None = None,
 ) -> dict[str, Any]:
-    """One row from a finished run's folder (metrics.jsonl, summary.json, the trainer's log)."""
+    """One row from a finished run's folder (metrics.jsonl, summary.json, the trainer's log). ``sets``: the
+    ``--set`` items the row ran with."""
     metrics = out / "metrics.jsonl"
     m = medians(metrics)  # a run stopped by --timeout still gives the steps it made (its state says so)
     batch = int(job["job"]["batch_size"])
+    fanout = geo_fanout.parse(config)
+    # The ratio's two sides are the link and the weights' size: a --set of cluster.* or model.* may move either.
+    moved = any(s.startswith(("cluster.", "model.")) for s in sets or [])
     reference = (link_mbps is None or link_mbps == file_rate(job)) and not faults and config not in HETERO
+    reference = reference and not fanout and not moved
     row: dict[str, Any] = {
         "config": config,
         "link_mbps": link_mbps,
@@ -287,8 +356,11 @@ def build_row(
         "reference": reference,  # run at the seed's ratio (examples/geo.yaml's link), nothing else changed
         "timeline": step_timeline(metrics),
     }
+    row["sets"] = list(sets or [])
     if faults:
         row["faults"] = faults
+    if fanout:
+        row["fanout"], row["actors"] = fanout
     if config == "full-streams" and link_mbps:
         row["streams"], row["flow_mbps"] = streams, link_mbps / streams
     if config in HETERO:
@@ -302,11 +374,9 @@ def build_row(
     row["full_bytes"] = size
     if size and link_mbps:
         row["full_transfer_seconds"] = size * 8 / (link_mbps * 1e6)
-    deltas = published_delta_bytes(out)
-    if config != "ideal" and not config.startswith("full") and deltas:
-        row["delta_bytes_per_step"] = statistics.median(deltas)
-        if size:
-            row["delta_density"] = row["delta_bytes_per_step"] / size
+    deltas = published_delta_bytes(out)  # full-weight modes encode the delta too (its trailer hash is h(v))
+    row["delta_bytes_per_step"] = statistics.median(deltas) if deltas else None
+    row["delta_density"] = row["delta_bytes_per_step"] / size if deltas and size else None
     links_seen = summary.get("links")
     if links_seen:
         row["link_bytes"] = {k: v["bytes"] for k, v in links_seen["links"].items()}
@@ -320,6 +390,8 @@ def build_row(
             row["checkpoint_link_bytes"] = sum(ckpt)
         if links_seen.get("faults"):
             row["link_faults"] = links_seen["faults"]  # what the links process applied, and when
+        place = (job["cluster"].get("regions") or {}).get("place") or {}
+        row.update(geo_fanout.egress_fields(links_seen, geo_fanout.region_holding(place, "trainer"), deltas))
     return row
 
 
@@ -340,6 +412,7 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         uniform = by.get(("rollart-uniform", r.get("link_mbps")))
         if uniform and r["config"] == "rollart-proportional":
             r["proportional_gain"] = r["samples_per_second"] / uniform["samples_per_second"]
+    geo_fanout.add_egress_ratios(rows)
 
 
 def sweep_summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -371,7 +444,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         ("transfer_exposed_seconds", "{:.2f}"), ("generation_seconds", "{:.2f}"), ("train_seconds", "{:.2f}"),
         ("ratio_to_ideal", "{:.3f}"),
         ("rollart_speedup", "{:.2f}"), ("delta_density", "{:.3f}"), ("window_ratio", "{:.2f}"),
-        ("proportional_gain", "{:.2f}"),
+        ("proportional_gain", "{:.2f}"), ("weights_egress_per_delta", "{:.2f}"), ("relay_egress_ratio", "{:.3f}"),
     ]  # fmt: skip
     lines = ["  ".join(f"{c:>12}" if c != "config" else f"{c:<20}" for c, _ in cols)]
     for r in rows:
@@ -440,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--configs",
         default="ideal,rollart,full-lag1,full-lag4",
-        help=f"rows to run, comma-separated: {', '.join(CONFIGS)}",
+        help=f"rows to run, comma-separated: {', '.join(CONFIGS)} (relay-nN, direct-nN: N actors, 1 to 8)",
     )
     ap.add_argument("--rate-mbps", type=float, help="the link's rate both ways (default: examples/geo.yaml's)")
     ap.add_argument(
@@ -459,6 +532,11 @@ def main(argv: list[str] | None = None) -> int:
         "--streams", type=int, default=STREAMS,
         help=f"full-streams: HTTP streams per checkpoint; each connection capped at the link's rate / it ({STREAMS})",
     )  # fmt: skip
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+        help="a job-file field for every row, after the row's own (rollart run --set syntax), e.g. "
+        "--set job.grpo.learning_rate=2.0e-5; the ideal row skips cluster.regions.*",
+    )  # fmt: skip
     ap.add_argument("--model-dir", help="model.dir for every run (a built warm start is reused by recipe)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it is stopped")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-geo"), help="run folders (one per config)")
@@ -471,9 +549,11 @@ def main(argv: list[str] | None = None) -> int:
             print(path)
         return 0
     configs = a.configs.split(",")
-    for config in configs:
-        if config not in CONFIGS:
-            ap.error(f"--configs: unknown config {config!r} ({', '.join(CONFIGS)})")
+    try:
+        for config in configs:
+            check_config(config)
+    except ValueError as exc:
+        ap.error(f"--configs: {exc}")
     try:
         rates = parse_rates(a.rates) if a.rates else None
         faults = [parse_fault(f) for f in a.fault]
@@ -485,12 +565,19 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rates and --rate-mbps: one or the other")
     if not 1 <= a.streams <= MAX_STREAMS:
         ap.error(f"--streams {a.streams}: from 1 to {MAX_STREAMS}")
+    from rollart.job.spec import SpecError
+
+    try:
+        check_rows(configs, a.sets, a.rate_mbps)
+    except (SpecError, ValueError) as exc:
+        ap.error(str(exc))
     rows = []
     for config, rate in plan_rows(configs, rates, a.rate_mbps):
         out = run_dir(a.out.resolve(), config, rate, bool(rates), bool(faults))
         row = run_mode(
-            config, out, a.steps, a.model_dir, rate, a.timeout, faults=faults, slow_env=slow_env, streams=a.streams
-        )
+            config, out, a.steps, a.model_dir, rate, a.timeout, faults=faults, slow_env=slow_env,
+            streams=a.streams, user_sets=a.sets,
+        )  # fmt: skip
         print(json.dumps({k: v for k, v in row.items() if k != "timeline"}), flush=True)
         rows.append(row)
     add_ratios(rows)
