@@ -110,7 +110,7 @@ def check_action(action: Any, links: Any) -> dict[str, Any]:
     unknown = set(action) - CONTROL_KEYS
     if unknown:
         raise ValueError(f"unknown key(s) {sorted(unknown)} (known: {sorted(CONTROL_KEYS)})")
-    out = {"link": str(action.get("link", "*"))}
+    out: dict[str, Any] = {"link": str(action.get("link", "*"))}
     if out["link"] != "*" and out["link"] not in links:
         raise ValueError(f"no link {out['link']!r} (links: {', '.join(sorted(links))}, or *)")
     what = [k for k in ("down_s", "rate_mbps", "rate_factor") if k in action]
