@@ -237,16 +237,7 @@ def test_plot_only_redraws_saved_rows(tmp_path: Path):
     assert (tmp_path / "rows-bandwidth.png").stat().st_size > 1000 and saved.read_text() == before
 
 
-def test_full_streams_run_caps_the_links_out_of_the_trainers_region(tmp_path: Path, monkeypatch):
-    seen: list[str] = []
-
-    def fake_run(argv, out, faults):
-        seen.extend(argv)
-        return 1, "stopped", []
-
-    monkeypatch.setattr(geo, "rollart_run", fake_run)
-    with pytest.raises(RuntimeError, match="exited 1"):
-        geo.run_mode("full-streams", tmp_path / "out", 4, None, None, 60.0, streams=4)
-    sets = [seen[i + 1] for i, a in enumerate(seen) if a == "--set"]
+def test_full_streams_run_caps_the_links_out_of_the_trainers_region(geo_row_sets):
+    sets = geo_row_sets("full-streams", streams=4)
     assert "cluster.env.actor.ROLLART_CHECKPOINT_STREAMS=4" in sets
     assert [s for s in sets if "flow_mbps" in s] == ["cluster.regions.links.train->infer.flow_mbps=0.15"]

@@ -106,17 +106,8 @@ def test_main_refuses_a_bad_set_before_running(capsys, monkeypatch):
         assert msg in capsys.readouterr().err
 
 
-def test_run_mode_passes_the_sets_and_the_row_records_them(tmp_path: Path, monkeypatch):
-    seen: list[str] = []
-
-    def fake_run(argv, out, faults):
-        seen.extend(argv)
-        return 1, "stopped", []
-
-    monkeypatch.setattr(geo, "rollart_run", fake_run)
-    with pytest.raises(RuntimeError, match="exited 1"):
-        geo.run_mode("direct-n4", tmp_path / "out", 4, None, None, 60.0, user_sets=["job.grpo.learning_rate=2e-5"])
-    sets = [seen[i + 1] for i, a in enumerate(seen) if a == "--set"]
+def test_run_mode_passes_the_sets_and_the_row_records_them(geo_row_sets):
+    sets = geo_row_sets("direct-n4", user_sets=["job.grpo.learning_rate=2e-5"])
     assert "cluster.actors=4" in sets and sets[-1] == "job.grpo.learning_rate=2e-5"
     assert any(s.startswith("cluster.env.actor.ROLLART_WEIGHT_SOURCE__RELAY_ENDPOINT=") for s in sets)
 
