@@ -131,7 +131,7 @@ SOURCES: dict[str, Source] = {
         "2026-12-01", X2 + ", trainer on CPU 0, rollout on CPU 1", "see note", "protocol.md"),
     "protocol-tts-8epochs-pinned-3seeds.json": Source(
         "python -m bench protocol --pin --epochs 8 --seeds 3 --rows tts --curve-steps 16 --set eval.every=2",
-        "db480a2", "2026-12-06", X2 + ", trainer on CPU 0, rollout on CPU 1", "3-11 (the run's own)", "protocol.md"),
+        "db480a2", "2026-12-06", X2 + ", trainer on CPU 0, rollout on CPU 1", "4.8-11.2; 4 of 27 runs beside nice'd unit tests (note)", "protocol.md"),
     "protocol-1epoch-pinned.json": Source(
         "python -m bench protocol --only sync+ one-off areal async-1 --steps 30 --curve-steps 30 --epochs 1 --pin",
         "dcb00a6", "2026-12-01", X2 + ", trainer on CPU 0, rollout on CPU 1", "see note", "protocol.md"),
