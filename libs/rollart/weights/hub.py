@@ -71,6 +71,8 @@ class DeltaHub:
         self.key = bytes(key)
         self.relay_id = relay_id
         self.region = region
+        for direction in ("in", "out"):  # exported at 0 from the start: a rate, not "no data", before the first delta
+            HUB_BYTES.labels(relay_id, direction)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.capacity_bytes = capacity_bytes
         self.max_versions = max_versions

@@ -174,3 +174,12 @@ async def test_a_pull_session_dialled_before_its_version_arrives_is_one_session(
         assert session.duplicates == 0 and sink.tracker.duplicates == 0
     finally:
         await h.stop()
+
+
+def test_a_new_hub_exports_its_byte_counters_at_zero() -> None:
+    from prometheus_client import REGISTRY
+
+    DeltaHub(job=JOB, key=KEY, relay_id="fresh-hub")
+    for direction in ("in", "out"):  # so rollart:weight_bytes:rate1m is 0, not "no data", before the first delta
+        value = REGISTRY.get_sample_value("rollart_weights_hub_bytes_total", {"hub": "fresh-hub", "direction": direction})
+        assert value == 0.0
