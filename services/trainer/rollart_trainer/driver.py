@@ -30,7 +30,7 @@ from rollart.v1 import ledger_pb2, llmproxy_pb2, trainer_pb2
 
 from . import checkpointing, stepmetrics, tasks
 from .config import TrainerConfig
-from .jobspec import ONE_OFF, SYNC, JobError, Settings
+from .jobspec import LEDGER_NUMBERS, LEDGER_SECONDS, ONE_OFF, SYNC, JobError, Settings
 from .peers import Peers
 from .prompts import PromptFeed
 from .publishing import Publication
@@ -251,10 +251,10 @@ class JobRunner:
         if len(self.spec.tasks):  # multi-task: the ledger fills each batch and the in-flight window by share
             pol.task_shares.update(tasks.shares(tasks.sources(self.spec)))
         opts = self.spec.options
-        for name, conv in (("lease_ttl_multiplier", float), ("max_lease_attempts", int), ("buffer_capacity", int)):
+        for name, conv in LEDGER_NUMBERS.items():  # checked at StartJob (jobspec)
             if f"ledger.{name}" in opts:
                 setattr(pol, name, conv(opts[f"ledger.{name}"]))
-        for name in ("initial_lease_ttl", "min_lease_ttl", "max_lease_ttl", "actor_timeout"):
+        for name in LEDGER_SECONDS:
             if f"ledger.{name}" in opts:
                 getattr(pol, name).CopyFrom(_dur(float(opts[f"ledger.{name}"])))
         pol.uniform_allocation = st.uniform_allocation

@@ -3,6 +3,8 @@ job"). A bad spec fails with a ``JobError`` naming the field."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,11 @@ from .config import TrainerConfig
 T = trainer_pb2
 SYNC, ONE_OFF, ASYNC, AREAL = T.STEP_MODE_SYNC, T.STEP_MODE_ONE_OFF, T.STEP_MODE_ASYNC, T.STEP_MODE_AREAL
 DELTA, BUCKETS, FULL = T.WEIGHT_SYNC_MODE_DELTA, T.WEIGHT_SYNC_MODE_BUCKETS, T.WEIGHT_SYNC_MODE_FULL_CHECKPOINT
+
+
+# The job spec's ``options`` that set the ledger's JobPolicy (docs/trainer.md, "The job"): counts, and durations in s.
+LEDGER_NUMBERS = {"lease_ttl_multiplier": float, "max_lease_attempts": int, "buffer_capacity": int}
+LEDGER_SECONDS = ("initial_lease_ttl", "min_lease_ttl", "max_lease_ttl", "actor_timeout")
 
 
 class JobError(errors.Coded):
@@ -76,6 +83,7 @@ class Settings:
         timeout = _seconds(spec.batch_timeout) if spec.HasField("batch_timeout") else cfg.batch_timeout_seconds
         if timeout <= 0:
             raise bad("batch_timeout must be > 0")
+        _check_ledger_options(spec.options, bad)
         allocation = spec.options.get("ledger.allocation", "proportional")
         if allocation not in ("proportional", "uniform"):
             raise bad(f"options[ledger.allocation] is {allocation!r}: proportional (by throughput) or uniform")
@@ -94,3 +102,23 @@ class Settings:
             groups_per_step=spec.batch_size // spec.group_size,
             uniform_allocation=allocation == "uniform",
         )
+
+
+def _check_ledger_options(options: Mapping[str, str], bad: Callable[[str], JobError]) -> None:
+    """A ``ledger.*`` option that is unknown or not a positive number fails StartJob naming it (not the ledger's
+    SetJobPolicy later, or a typo silently ignored)."""
+    for key, raw in options.items():
+        if not key.startswith("ledger.") or key == "ledger.allocation":
+            continue
+        name = key.removeprefix("ledger.")
+        conv = LEDGER_NUMBERS.get(name) or (float if name in LEDGER_SECONDS else None)
+        if conv is None:
+            known = ["allocation", *LEDGER_NUMBERS, *LEDGER_SECONDS]
+            raise bad(f"options[{key}] is not a ledger option (one of {', '.join('ledger.' + k for k in known)})")
+        try:
+            value = conv(raw)
+            ok = 0 < value < math.inf
+        except ValueError:
+            ok = False
+        if not ok:
+            raise bad(f"options[{key}] is {raw!r}: a positive {'integer' if conv is int else 'number'}")

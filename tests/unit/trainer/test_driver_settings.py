@@ -83,3 +83,19 @@ def test_ledger_allocation_option_is_proportional_or_uniform():
     assert Settings.from_spec(spec(options={"ledger.allocation": "uniform"}), cfg()).uniform_allocation
     with pytest.raises(JobError, match=r"options\[ledger.allocation\] is 'even'"):
         Settings.from_spec(spec(options={"ledger.allocation": "even"}), cfg())
+
+
+def test_ledger_options_are_checked_at_start_job_naming_the_key():
+    ok = {"ledger.max_lease_attempts": "3", "ledger.lease_ttl_multiplier": "1.5", "ledger.actor_timeout": "20"}
+    Settings.from_spec(spec(options=ok), cfg())
+    Settings.from_spec(spec(options={"grpo.temperature": "0.7"}), cfg())  # not the ledger's: checked elsewhere
+    for options, message in (
+        ({"ledger.max_lease_atempts": "3"}, r"options\[ledger.max_lease_atempts\] is not a ledger option"),
+        ({"ledger.max_lease_attempts": "1.5"}, r"is '1.5': a positive integer"),
+        ({"ledger.buffer_capacity": "-4"}, r"is '-4': a positive integer"),
+        ({"ledger.initial_lease_ttl": "soon"}, r"options\[ledger.initial_lease_ttl\] is 'soon': a positive number"),
+        ({"ledger.lease_ttl_multiplier": "nan"}, r"a positive number"),
+        ({"ledger.max_lease_ttl": "inf"}, r"a positive number"),
+    ):
+        with pytest.raises(JobError, match=message):
+            Settings.from_spec(spec(options=options), cfg())
