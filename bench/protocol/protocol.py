@@ -4,7 +4,8 @@ same task, seeds, model and hardware.
 
 Time to score on the validation score (issue 25): every run evaluates the policy on the example's held-out maps
 (its ``eval`` section: at the start and every ``eval.every`` steps, mean@4); ``--rows tts`` runs the named row
-set ``TTS_ROWS`` (sync+, and AReaL and async alpha 1, 2, 4, each without and with off-policy correction), every row
+set ``TTS_ROWS`` (sync+, and AReaL and async alpha 1, 2, 4: without correction, with it, and with it and dynamic
+sampling), every row
 ``--seeds`` times (job seed and latency seed 0..N-1) and reports medians over seeds: the validation time to
 score (an unreached seed counts as never: the median is null when most seeds never reach it), the steps to
 score and the final validation score. ``--set KEY=VALUE`` applies a job-file field (``rollart run --set``'s
@@ -88,6 +89,14 @@ TTS_ROWS: list[tuple[str, dict]] = [
             (f"async-{a}", {**_DELTA, "job.mode": "async", "job.alpha": a}),
             (f"async-{a}+tis", {**_DELTA, "job.mode": "async", "job.alpha": a, "job.grpo.correction": "tis"}),
         )
+    ],
+    # Each corrected row again with DAPO's dynamic sampling (zero-variance groups dropped, the batch topped up).
+    ("areal+decoupled+ds", {**_DELTA, "job.mode": "areal", "job.alpha": 1, "job.grpo.correction": "decoupled",
+                            "job.grpo.dynamic_sampling": True}),
+    *[
+        (f"async-{a}+tis+ds", {**_DELTA, "job.mode": "async", "job.alpha": a, "job.grpo.correction": "tis",
+                               "job.grpo.dynamic_sampling": True})
+        for a in (1, 2, 4)
     ],
 ]
 ROW_SETS = {"tts": TTS_ROWS}
