@@ -357,6 +357,7 @@ def build_row(
         "timeline": step_timeline(metrics),
     }
     row["sets"] = list(sets or [])
+    row.update(settlement_fields(summary))
     if faults:
         row["faults"] = faults
     if fanout:
@@ -393,6 +394,24 @@ def build_row(
         place = (job["cluster"].get("regions") or {}).get("place") or {}
         row.update(geo_fanout.egress_fields(links_seen, geo_fanout.region_holding(place, "trainer"), deltas))
     return row
+
+
+def settlement_fields(summary: dict[str, Any]) -> dict[str, Any]:
+    """What the run's end says about nothing lost: ``settled_once`` (no trajectory settled twice, as
+    tests/faults check it), ``submit_retries`` (Submits answered again with their first verdict: replies lost on
+    the link) and ``actor_versions`` (each live actor's active version at the end)."""
+    final = summary.get("final") or {}
+    ledger = final.get("ledger") or {}
+    out: dict[str, Any] = {}
+    if "settled_slots" in ledger:
+        out["settled_once"] = ledger["settled_slots"] == ledger.get("settled_distinct_trajectories")
+        out["submit_retries"] = ledger.get("duplicates")
+    actors = final.get("actors") or {}
+    if actors:
+        out["actor_versions"] = {
+            a: v.get("active_version") for a, v in sorted(actors.items()) if v.get("liveness") == "ALIVE"
+        }
+    return out
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:

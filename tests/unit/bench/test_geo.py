@@ -241,3 +241,15 @@ def test_full_streams_run_caps_the_links_out_of_the_trainers_region(geo_row_sets
     sets = geo_row_sets("full-streams", streams=4)
     assert "cluster.env.actor.ROLLART_CHECKPOINT_STREAMS=4" in sets
     assert [s for s in sets if "flow_mbps" in s] == ["cluster.regions.links.train->infer.flow_mbps=0.15"]
+
+
+def test_settlement_fields_say_whether_anything_settled_twice():
+    final = {"ledger": {"settled_slots": 64, "settled_distinct_trajectories": 64, "duplicates": 3},
+             "actors": {"actor-2": {"liveness": "ALIVE", "active_version": 8},
+                        "actor-1": {"liveness": "ALIVE", "active_version": 8},
+                        "actor-9": {"liveness": "DEAD", "active_version": 2}}}  # fmt: skip
+    fields = geo.settlement_fields({"final": final})
+    assert fields == {"settled_once": True, "submit_retries": 3, "actor_versions": {"actor-1": 8, "actor-2": 8}}
+    final["ledger"]["settled_distinct_trajectories"] = 63
+    assert geo.settlement_fields({"final": final})["settled_once"] is False
+    assert geo.settlement_fields({}) == {}  # a run that never reached its final state
