@@ -387,6 +387,10 @@ def curves(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _line_style(name: str) -> str:
+    return ":" if name.endswith("+ds") else "-" if _mode(name) == name else "--"
+
+
 def plot(rows: list[dict], path: Path, target: float = 0.8) -> None:
     """Left: the 10-step moving average of the batch reward against wall time, one line per row (where it crosses
     the target is the time to score); with validation (--rows tts), the validation score against wall time, every
@@ -402,7 +406,7 @@ def plot(rows: list[dict], path: Path, target: float = 0.8) -> None:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=110)
     validated = any(r.get("eval_points_seeds") and any(r["eval_points_seeds"]) for r in rows)
     colors = plt.get_cmap("tab10")
-    # one colour per mode; its corrected rows (name "<mode>+<what>") dashed
+    # one colour per mode; its corrected rows (name "<mode>+<what>") dashed, with dynamic sampling dotted
     modes = list(dict.fromkeys(_mode(r["name"]) for r in rows))
     for i, r in enumerate(rows):
         if validated:
@@ -411,7 +415,7 @@ def plot(rows: list[dict], path: Path, target: float = 0.8) -> None:
                 if pts:
                     ax.plot([t for t, _ in pts], [m for _, m in pts], color=colors(i % 10), lw=1.4 if k == 0 else 0.6,
                             alpha=1.0 if k == 0 else 0.45, marker="." if k == 0 else None, ms=3,
-                            ls="-" if _mode(r["name"]) == r["name"] else "--", label=r["name"] if k == 0 else None)  # fmt: skip
+                            ls=_line_style(r["name"]), label=r["name"] if k == 0 else None)  # fmt: skip
             continue
         pts = r.get("curve") or []
         if pts:
