@@ -31,7 +31,7 @@ from rollart.v1 import ledger_pb2, llmproxy_pb2, trainer_pb2
 from . import checkpointing, stepmetrics, tasks
 from .config import TrainerConfig
 from .jobspec import LEDGER_NUMBERS, LEDGER_SECONDS, ONE_OFF, SYNC, JobError, Settings
-from .peers import Peers
+from .peers import Peers, through_outage
 from .prompts import PromptFeed
 from .publishing import Publication
 from .ranks import RankFailed
@@ -458,15 +458,24 @@ class JobRunner:
         assert self.peers is not None
         if self.peers.proxy is None:
             return
-        await self.peers.proxy.Suspend(llmproxy_pb2.SuspendRequest(reason="update", step=s))
+        await self._proxy_call(self.peers.proxy.Suspend, llmproxy_pb2.SuspendRequest(reason="update", step=s))
         self._suspended = True
 
     async def _resume(self, s: int) -> None:
         assert self.peers is not None
         if self.peers.proxy is None or not self._suspended:
             return
-        await self.peers.proxy.Resume(llmproxy_pb2.ResumeRequest(step=s))
+        await self._proxy_call(self.peers.proxy.Resume, llmproxy_pb2.ResumeRequest(step=s))
         self._suspended = False
+
+    async def _proxy_call(self, method: Callable[..., Any], request: Any) -> Any:
+        """Suspend and Resume are idempotent and the LLMProxy may be across a link: an outage is waited out for as
+        long as the job waits for a batch."""
+        name = type(request).__name__.removesuffix("Request")
+        return await through_outage(
+            method, request, budget=self.settings.batch_timeout, attempt_timeout=self.cfg.rpc_timeout_seconds,
+            what=f"LLMProxy {name}",
+        )  # fmt: skip
 
     async def _finish(self) -> None:
         """After the last step: the last version out and active on every actor."""

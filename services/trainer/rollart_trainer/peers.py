@@ -3,8 +3,14 @@ that are safe to repeat are retried."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+import grpc
 from grpc import aio
 
 from rollart.runtime.client import channel as make_channel
@@ -14,6 +20,9 @@ from .config import TrainerConfig
 from .jobspec import JobError
 
 T = trainer_pb2
+log = logging.getLogger(__name__)
+# What a peer across a link that is down answers: nothing (the deadline passes) or a refused connection.
+_OUTAGE = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
 
 _LEDGER = "rollart.v1.Ledger"
 _IDEMPOTENT_LEDGER = tuple(
@@ -84,3 +93,24 @@ class Peers:
             if ch is not None:
                 with contextlib.suppress(Exception):
                     await ch.close(grace=None)
+
+
+async def through_outage(
+    method: Callable[..., Awaitable[Any]], request: Any, *, budget: float, attempt_timeout: float, what: str
+) -> Any:
+    """An idempotent call to a peer that may sit across a link (the LLMProxy in another region): an attempt that
+    gets no reply in ``attempt_timeout`` or finds the peer unreachable is made again until ``budget`` seconds have
+    passed, so a link down for a while delays the step instead of failing the job."""
+    deadline = time.monotonic() + budget
+    attempt = 0
+    while True:
+        attempt += 1
+        left = deadline - time.monotonic()
+        try:
+            return await method(request, timeout=max(0.5, min(attempt_timeout, left)))
+        except aio.AioRpcError as exc:
+            left = deadline - time.monotonic()
+            if exc.code() not in _OUTAGE or left <= 0:
+                raise
+            log.warning("%s: %s (attempt %d); trying again for up to %.0f s more", what, exc.code().name, attempt, left)
+            await asyncio.sleep(min(1.0, left))
