@@ -5,7 +5,8 @@ follower subscribes, holds the event stream, and for each version announced that
 opens a striped pull session into the owner's sink. When the source fails (event stream broken, a pull
 session that cannot reconnect, the relay draining) it moves to the next endpoint in its list and resumes
 every incomplete version there: the RESUME of the new session names only the segments still missing,
-so each segment is staged once. Commit orders are handed to ``on_commit``.
+so each segment is staged once. On a fallback it goes back to the first endpoint (the relay of its own
+region) once that answers again and no pull is under way. Commit orders are handed to ``on_commit``.
 
 Used by the subscriber library (actors; sinks are delta stagers) and by relays that follow an upstream
 relay (sinks are the relay's own buffers).
@@ -56,6 +57,7 @@ class SourceFollower:
         reconnect_timeout: float = 3.0,
         idle_timeout: float = 30.0,
         rpc_timeout: float = 5.0,
+        prefer_first_after: float = 15.0,
     ) -> None:
         if not endpoints:
             raise ValueError("a follower needs at least one source endpoint")
@@ -73,6 +75,8 @@ class SourceFollower:
         self.reconnect_timeout = reconnect_timeout
         self.idle_timeout = idle_timeout
         self.rpc_timeout = rpc_timeout
+        self.prefer_first_after = prefer_first_after  # 0: stay on a fallback source
+        self._back_to_first = False
         self.index = 0
         self.active_endpoint = ""
         self.data_endpoint = ""
@@ -143,6 +147,11 @@ class SourceFollower:
                 self.last_error = f"{ep}: {_describe(exc)}"
             self.connected = False
             self.connected_event.clear()
+            if self._back_to_first:
+                self._back_to_first = False
+                self.index, tried = 0, 0
+                log.info("%s: back to source %s (%s)", self.subscriber_id, self.endpoints[0], self.last_error)
+                continue
             log.warning("%s: leaving source %s (%s)", self.subscriber_id, ep, self.last_error)
             self.index += 1
             self.failovers += 1
@@ -181,6 +190,9 @@ class SourceFollower:
                 self._want(v)
             watch = stub.WatchEvents(relay_pb2.WatchRelayEventsRequest(subscriber_id=self.subscriber_id))
             events = asyncio.ensure_future(self._events(watch))
+            if endpoint != self.endpoints[0] and self.prefer_first_after > 0:
+                probe = self._spawn(self._probe_first())
+                self._failure.add_done_callback(lambda _f: probe.cancel())
             done, _ = await asyncio.wait({events, self._failure}, return_when=asyncio.FIRST_COMPLETED)
             if events in done:
                 events.result()  # raises the stream's error
@@ -197,6 +209,27 @@ class SourceFollower:
             await asyncio.gather(*self._pulls.values(), return_exceptions=True)
             self._pulls.clear()
             await ch.close(grace=None)
+
+    async def _probe_first(self) -> None:
+        """On a fallback source (often the trainer, across the link): go back to the first source (the relay in
+        the owner's region) once it answers again and no pull is under way, instead of staying on the fallback,
+        with every version crossing the link once per follower, for the rest of the run."""
+        first = self.endpoints[0]
+        while True:
+            await asyncio.sleep(self.prefer_first_after)
+            if any(not t.done() for t in self._pulls.values()):
+                continue
+            ch = make_channel(first, token=self.token, tls=self.tls, default_timeout=self.rpc_timeout)
+            try:
+                await relay_pb2_grpc.RelayStub(ch).GetStatus(relay_pb2.RelayStatusRequest(), timeout=self.rpc_timeout)
+            except grpc.aio.AioRpcError:
+                continue
+            finally:
+                await ch.close(grace=None)
+            if self._failure is not None and not self._failure.done():
+                self._back_to_first = True
+                self._failure.set_result(_SourceFailed(f"the first source {first} answers again"))
+            return
 
     async def _events(self, watch) -> None:
         async for ev in watch:

@@ -164,6 +164,39 @@ async def test_relay_sigkilled_mid_stream_subscribers_fall_back_and_get_every_se
             await e.stop()
 
 
+async def test_a_subscriber_on_its_fallback_goes_back_to_its_relay_once_it_answers(services) -> None:
+    """After a failover to the trainer (across the link, in a geo job), the subscriber returns to its own
+    region's relay when that answers and nothing is being pulled, and later versions come through the relay."""
+    ws = versions(2, layers=3, density=0.2)
+    _proc, relay = start_relay(services, "home")
+    pub = Publisher(job=JOB, key=KEY, token=TOKEN, relays=[relay["address"]], streams=2, grpc_listen="127.0.0.1:0")
+    await pub.start()
+    s = subscriber("s0", [relay["address"], pub.grpc_endpoint], ws[0].copy())
+    s.follower.prefer_first_after = 0.5
+    try:
+        await pub.publish(0, ws[0])
+        await started([s])
+        s.follower.switch()  # as when a pull from the relay stalled
+        deadline = time.time() + 20
+        while s.follower.active_endpoint != pub.grpc_endpoint or not s.follower.connected:
+            assert time.time() < deadline, s.follower.last_error
+            await asyncio.sleep(0.05)
+        failovers = s.follower.failovers
+        while s.follower.active_endpoint != relay["address"] or not s.follower.connected:
+            assert time.time() < deadline, s.follower.last_error
+            await asyncio.sleep(0.05)
+        assert s.follower.failovers == failovers  # going back is not counted as a failure
+        for v in (1, 2):
+            r = await pub.publish(v, ws[v])
+            await pub.commit(v)
+            await s.wait_version(v, 20)
+        assert digest(s.weights) == digest(ws[2]) and s.active_hash == r.hash
+        assert s.follower.active_endpoint == relay["address"] and s.errors == []
+    finally:
+        await s.stop()
+        await pub.stop()
+
+
 async def test_dropped_connection_and_corrupted_byte_on_the_way(services) -> None:
     """trainer -(stripe dropped)-> relay -(byte flipped)-> subscriber: both repaired, result exact."""
     ws = versions(1, layers=3, density=0.1)
