@@ -6,7 +6,7 @@ opens a striped pull session into the owner's sink. When the source fails (event
 session that cannot reconnect, the relay draining) it moves to the next endpoint in its list and resumes
 every incomplete version there: the RESUME of the new session names only the segments still missing,
 so each segment is staged once. On a fallback it goes back to the first endpoint (the relay of its own
-region) once that answers again and no pull is under way. Commit orders are handed to ``on_commit``.
+region) once that answers and holds every version still being pulled. Commit orders are handed to ``on_commit``.
 
 Used by the subscriber library (actors; sinks are delta stagers) and by relays that follow an upstream
 relay (sinks are the relay's own buffers).
@@ -212,20 +212,23 @@ class SourceFollower:
 
     async def _probe_first(self) -> None:
         """On a fallback source (often the trainer, across the link): go back to the first source (the relay in
-        the owner's region) once it answers again and no pull is under way, instead of staying on the fallback,
-        with every version crossing the link once per follower, for the rest of the run."""
+        the owner's region) once it answers and holds, complete, every version still being pulled, instead of
+        staying on the fallback, with every version crossing the link once per follower, for the rest of the run.
+        A pull under way resumes there with only its missing segments."""
         first = self.endpoints[0]
         while True:
             await asyncio.sleep(self.prefer_first_after)
-            if any(not t.done() for t in self._pulls.values()):
-                continue
             ch = make_channel(first, token=self.token, tls=self.tls, default_timeout=self.rpc_timeout)
             try:
-                await relay_pb2_grpc.RelayStub(ch).GetStatus(relay_pb2.RelayStatusRequest(), timeout=self.rpc_timeout)
+                st = await relay_pb2_grpc.RelayStub(ch).GetStatus(
+                    relay_pb2.RelayStatusRequest(), timeout=self.rpc_timeout
+                )
             except grpc.aio.AioRpcError:
                 continue
             finally:
                 await ch.close(grace=None)
+            if self._wanted - {c.version for c in st.cached if c.complete}:
+                continue  # it lacks a version being pulled (its own upstream may still be down)
             if self._failure is not None and not self._failure.done():
                 self._back_to_first = True
                 self._failure.set_result(_SourceFailed(f"the first source {first} answers again"))

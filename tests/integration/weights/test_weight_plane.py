@@ -166,7 +166,7 @@ async def test_relay_sigkilled_mid_stream_subscribers_fall_back_and_get_every_se
 
 async def test_a_subscriber_on_its_fallback_goes_back_to_its_relay_once_it_answers(services) -> None:
     """After a failover to the trainer (across the link, in a geo job), the subscriber returns to its own
-    region's relay when that answers and nothing is being pulled, and later versions come through the relay."""
+    region's relay when that answers and holds what is being pulled, and later versions come through it."""
     ws = versions(2, layers=3, density=0.2)
     _proc, relay = start_relay(services, "home")
     pub = Publisher(job=JOB, key=KEY, token=TOKEN, relays=[relay["address"]], streams=2, grpc_listen="127.0.0.1:0")
