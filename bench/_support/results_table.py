@@ -75,9 +75,22 @@ SOURCES: dict[str, Source] = {
     "tracking-overhead-frozenlake-4steps-default.json": Source(
         "python -m bench tracking --on default --pairs 1 --json PATH", "a031c30", "2026-12-02", X2, "1.25-2.0",
         "tracking.md"),
-    "geo-full.json": Source(
-        "python -m bench geo --steps 5 --configs ideal,rollart,full-lag1,full-lag4 --json PATH", "3fde3fc", "2026-12-02", X2,
-        "< 1.5 at start", "geo.md"),
+    "geo-regime.json": Source(
+        "python -m bench geo --steps 8 --configs ideal,rollart,full-lag1,full-lag4 --set job.grpo.learning_rate=2.0e-5 --json PATH",
+        "d9ecdfe", "2026-12-06", X2, "2-6", "geo.md"),
+    "geo-hetero-regime.json": Source(
+        "python -m bench geo --steps 8 --configs rollart-uniform,rollart-proportional --slow-env ROLLART_MAX_NUM_SEQS=1 --set job.grpo.learning_rate=2.0e-5 --json PATH",
+        "682da1a", "2026-12-06", X2, "3-4", "geo.md"),
+    "geo-learn.json": Source(
+        "python -m bench geo --steps 20 --configs ideal,rollart --json PATH", "682da1a", "2026-12-06", X2, "3-4", "geo.md"),
+    "geo-fault-down.json": Source(
+        "python -m bench geo --steps 8 --configs rollart --fault down:30@step3+1s --json PATH", "ed8e5dc", "2026-12-06", X2,
+        "1-3", "geo.md"),
+    "geo-fault-rate.json": Source(
+        "python -m bench geo --steps 8 --configs rollart --fault rate/10:60@step3 --json PATH", "d9ecdfe", "2026-12-06", X2,
+        "2-3", "geo.md"),
+    "lora-frozenlake-example-metrics.jsonl": Source(
+        "rollart run examples/frozenlake-lora.yaml", "682da1a", "2026-12-06", X2, "3-6", "lora.md"),
     "lora-frozenlake-tiny-qwen06b4l.json": Source(
         "python -m bench lora --steps 3 --updates 4 --json PATH", "b87acae", "2026-12-02", X2, "1.47 at start", "lora.md"),
     "codec-v3-synthetic-92mib-grpo-pair-343mb.json": Source(
@@ -131,7 +144,7 @@ SOURCES: dict[str, Source] = {
         "2026-12-01", X2 + ", trainer on CPU 0, rollout on CPU 1", "see note", "protocol.md"),
     "protocol-tts-8epochs-pinned-3seeds.json": Source(
         "python -m bench protocol --pin --epochs 8 --seeds 3 --rows tts --curve-steps 16 --set eval.every=2",
-        "b59abf0", "2026-12-06", X2 + ", trainer on CPU 0, rollout on CPU 1", "4.7-11.2; 7 of 39 runs beside nice'd unit tests (note)", "protocol.md"),
+        "b59abf0", "2026-12-06", X2 + ", pinned (note)", "4.7-11.2; 7/39 runs not idle (note)", "protocol.md"),
     "protocol-1epoch-pinned.json": Source(
         "python -m bench protocol --only sync+ one-off areal async-1 --steps 30 --curve-steps 30 --epochs 1 --pin",
         "dcb00a6", "2026-12-01", X2 + ", trainer on CPU 0, rollout on CPU 1", "see note", "protocol.md"),
@@ -140,6 +153,7 @@ SOURCES: dict[str, Source] = {
 #: One line per figure; a table is the rows of its plane, in this order.
 ROWS: list[Row] = [
     # weights: the delta codec, format 3 (the default; synthetic Qwen3-shaped 92 MiB bf16 model; a real GRPO pair of 343 MB)
+    Row("weights", "LoRA example (30 steps, r 8, lr 5e-4): reward, last 10 steps / first 10", ">= 2x", "lora-frozenlake-example-metrics.jsonl", "[-10:].reward_mean.mean()", "{:.2f}x", "[:10].reward_mean.mean()"),
     Row("weights", "LoRA: adapter delta bytes / full-weight delta bytes per version, Qwen3-0.6B shapes (4 layers, r 8, lr 5e-4)", "<= 0.05x", "lora-frozenlake-tiny-qwen06b4l.json", "[shape=qwen3-0.6b-4l].bytes_ratio", "{:.3f}x"),
     Row("weights", "LoRA: adapter delta bytes / full-weight delta bytes, tiny model (3.7M params, r 8)", "<= 0.05x", "lora-frozenlake-tiny-qwen06b4l.json", "[shape=tiny].bytes_ratio", "{:.3f}x"),
     Row("weights", "LoRA: actor pause to switch adapter versions / full-weight update, tiny model", "<= 0.20x", "lora-frozenlake-tiny-qwen06b4l.json", "[config=pause-tiny-r8-8streams].pause_ratio", "{:.3f}x"),
@@ -202,11 +216,14 @@ ROWS: list[Row] = [
     Row("control", "tracking: the run loop's time in the tracker, every backend, share of wall", "", "tracking-overhead-frozenlake-4steps-all.json", "[pair=median].on_loop_fraction_of_wall", "{:.1%}"),
     Row("control", "envmanager at scale: turns/s with 1,024 loops in one process", "", "control-scale-16-1024.jsonl", "[component=envmanager,n=1024].ops_per_second", "{:,.0f} ops/s"),
     # protocol (FrozenLake, tiny model, 2 vLLM-CPU actors)
-    Row("protocol", "geo (0.6 Mbit/s link, full weights 2.6x the window): RollArt samples/s / Ideal", ">= 0.90x", "geo-full.json", "[config=rollart].ratio_to_ideal", "{:.2f}x"),
-    Row("protocol", "geo: RollArt samples/s / full weights at lag 1 through the link", ">= 2.4x", "geo-full.json", "[config=full-lag1].rollart_speedup", "{:.2f}x"),
-    Row("protocol", "geo: RollArt samples/s / full weights at lag 4 through the link", ">= 1.3x", "geo-full.json", "[config=full-lag4].rollart_speedup", "{:.2f}x"),
-    Row("protocol", "geo: weight transfer exposed per step, RollArt (deltas, relay)", "", "geo-full.json", "[config=rollart].transfer_exposed_seconds", "{:.2f} s"),
-    Row("protocol", "geo: delta density of the job's steps (delta bytes / full bytes, lr 5e-4)", "~1.3% (seed)", "geo-full.json", "[config=rollart].delta_density", "{:.1%}"),
+    Row("protocol", "geo (0.6 Mbit/s, lr 2e-5, full weights 4.3x the ideal step): RollArt samples/s / Ideal", ">= 0.90x", "geo-regime.json", "[config=rollart].ratio_to_ideal", "{:.2f}x"),
+    Row("protocol", "geo: RollArt samples/s / full weights at lag 1 through the link", ">= 2.4x", "geo-regime.json", "[config=full-lag1].rollart_speedup", "{:.2f}x"),
+    Row("protocol", "geo: RollArt samples/s / full weights at lag 4 (loads in the background), medians", ">= 1.3x", "geo-regime.json", "[config=full-lag4].rollart_speedup", "{:.2f}x"),
+    Row("protocol", "geo: delta density of the job's steps (delta bytes / full bytes, lr 2e-5)", "~1.3% (seed)", "geo-regime.json", "[config=rollart].delta_density", "{:.1%}"),
+    Row("protocol", "geo: throughput-proportional / uniform allocation, actor-2 at 1 sequence (lr 2e-5)", ">= 1.25x", "geo-hetero-regime.json", "[config=rollart-proportional].proportional_gain", "{:.2f}x"),
+    Row("protocol", "geo: last-10 reward, RollArt across the link, 20 steps (Ideal: 0.709)", "within 0.05 of Ideal", "geo-learn.json", "[config=rollart].reward_last10", "{:.3f}"),
+    Row("protocol", "geo: link down 30 s mid-run: relay egress after, copies per delta (nothing settled twice)", "1 (each delta once)", "geo-fault-down.json", "[config=rollart].weights_egress_per_delta", "{:.2f}"),
+    Row("protocol", "geo: link rate / 10 for 60 s mid-run: steps completed of 8 (nothing settled twice)", "8", "geo-fault-rate.json", "[config=rollart].steps", "{:.0f}"),
     Row("protocol", "time to score (validation mean@4 >= 0.8, median of 3 seeds): sync+", "", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].time_to_score_seconds", "{:.0f} s"),
     Row("protocol", "time to score: the best asynchronous row (async-2+tis+ds) / sync+", ">= 1.5x", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].time_to_score_seconds", "{:.2f}x", "[config=async-2+tis+ds].time_to_score_seconds"),
     Row("protocol", "time to score: areal+decoupled / sync+", "", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].time_to_score_seconds", "{:.2f}x", "[config=areal+decoupled].time_to_score_seconds"),
@@ -217,10 +234,10 @@ ROWS: list[Row] = [
     Row("protocol", "time to score: async-4 / sync+", "", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].time_to_score_seconds", "{:.2f}x", "[config=async-4].time_to_score_seconds"),
     Row("protocol", "time to score: async-4+tis / sync+", "", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].time_to_score_seconds", "{:.2f}x", "[config=async-4+tis].time_to_score_seconds"),
     Row("protocol", "time to score: areal / sync+", "", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].time_to_score_seconds", "{:.2f}x", "[config=areal].time_to_score_seconds"),
-    Row("protocol", "time to score: areal+decoupled+ds (dynamic sampling) / sync+", "", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].time_to_score_seconds", "{:.2f}x", "[config=areal+decoupled+ds].time_to_score_seconds"),
-    Row("protocol", "time to score: async-1+tis+ds (dynamic sampling) / sync+", "", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].time_to_score_seconds", "{:.2f}x", "[config=async-1+tis+ds].time_to_score_seconds"),
-    Row("protocol", "time to score: async-2+tis+ds (dynamic sampling) / sync+", "", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].time_to_score_seconds", "{:.2f}x", "[config=async-2+tis+ds].time_to_score_seconds"),
-    Row("protocol", "time to score: async-4+tis+ds (dynamic sampling) / sync+", "", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].time_to_score_seconds", "{:.2f}x", "[config=async-4+tis+ds].time_to_score_seconds"),
+    Row("protocol", "time to score: areal+decoupled+ds / sync+", "", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].time_to_score_seconds", "{:.2f}x", "[config=areal+decoupled+ds].time_to_score_seconds"),
+    Row("protocol", "time to score: async-1+tis+ds / sync+", "", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].time_to_score_seconds", "{:.2f}x", "[config=async-1+tis+ds].time_to_score_seconds"),
+    Row("protocol", "time to score: async-2+tis+ds / sync+", "", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].time_to_score_seconds", "{:.2f}x", "[config=async-2+tis+ds].time_to_score_seconds"),
+    Row("protocol", "time to score: async-4+tis+ds / sync+", "", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].time_to_score_seconds", "{:.2f}x", "[config=async-4+tis+ds].time_to_score_seconds"),
     Row("protocol", "final validation score (median of 3 seeds): sync+", "", "protocol-tts-8epochs-pinned-3seeds.json", "[config=sync+].final_eval", "{:.3f}"),
     Row("protocol", "final validation score (median of 3 seeds): areal", "within 0.02 of sync+", "protocol-tts-8epochs-pinned-3seeds.json", "[config=areal].final_eval", "{:.3f}"),
     Row("protocol", "final validation score (median of 3 seeds): areal+decoupled", "within 0.02 of sync+", "protocol-tts-8epochs-pinned-3seeds.json", "[config=areal+decoupled].final_eval", "{:.3f}"),
