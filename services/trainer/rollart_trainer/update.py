@@ -30,7 +30,7 @@ from rollart.v1 import actor_pb2, common_pb2, ledger_pb2, llmproxy_pb2, trainer_
 
 from .config import TrainerConfig
 from .jobspec import ASYNC, BUCKETS, DELTA, JobError, Settings
-from .peers import Peers
+from .peers import Peers, through_outage
 from .publishing import Publication
 
 log = logging.getLogger(__name__)
@@ -216,9 +216,12 @@ class Updater:
                     relayed = True
                 await asyncio.sleep(0.5)
 
-    async def _load_rpc(self, endpoint: str, v: int, version: common_pb2.PolicyVersion) -> None:
+    async def _load_rpc(
+        self, endpoint: str, v: int, version: common_pb2.PolicyVersion, timeout: float | None = None
+    ) -> None:
         """One actor pulls v's buckets or loads v's checkpoint, applied at its next safe point."""
         stub = self.peers.actor(endpoint)
+        timeout = self.cfg.commit_wait_seconds if timeout is None else timeout
         if self.settings.weight_sync == BUCKETS:
             await stub.PullBuckets(
                 actor_pb2.PullBucketsRequest(
@@ -228,12 +231,12 @@ class Updater:
                     mooncake_master=self.spec.publish.mooncake_master or self.cfg.mooncake_master or "",
                     apply=True,
                 ),
-                timeout=self.cfg.commit_wait_seconds,
+                timeout=timeout,
             )
         else:
             await stub.LoadCheckpoint(
                 actor_pb2.LoadCheckpointRequest(uri=self.spec.publish.checkpoint_store, version=v, hash=version.hash),
-                timeout=self.cfg.commit_wait_seconds,
+                timeout=timeout,
             )
 
     async def _load_full(self, v: int, version: common_pb2.PolicyVersion) -> None:
@@ -241,11 +244,24 @@ class Updater:
         actors = [a for a in await self.live_actors() if self._known(a) != v and a.endpoint]
 
         results = await asyncio.gather(
-            *(self._load_rpc(a.endpoint, v, version) for a in actors), return_exceptions=True
+            *(self._load_through_outage(a, v, version) for a in actors), return_exceptions=True
         )
         for a, r in zip(actors, results):
             if isinstance(r, BaseException):
                 log.warning("full-weight update of %s to v%d failed: %s", a.actor_id, v, r)
+
+    async def _load_through_outage(self, a: ledger_pb2.LedgerActor, v: int, version: common_pb2.PolicyVersion) -> None:
+        """A load refused because the actor (or the store, from the actor) is unreachable, as across a link that is
+        down, is asked again until the commit wait ends: the load is idempotent (v, hash-checked), and without
+        it every actor behind the link would miss the step. (Lagged loads retry in the background instead.)"""
+
+        async def load(_: None, timeout: float) -> None:
+            await self._load_rpc(a.endpoint, v, version, timeout=timeout)
+
+        wait = self.cfg.commit_wait_seconds
+        await through_outage(
+            load, None, budget=wait, attempt_timeout=wait, what=f"full-weight load of {a.actor_id} to v{v}"
+        )
 
     # ----------------------------------------------------------------------------- lagged full weights
 

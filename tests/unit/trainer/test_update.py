@@ -209,6 +209,24 @@ async def test_not_lagged_every_step_waits_for_the_full_load(mode: int, alpha: i
     assert ledger.plans[2].version == 1 and not u._loads  # nothing in the background
 
 
+async def test_not_lagged_load_refused_while_the_link_is_down_is_asked_again():
+    # Lag 1 across a link: b is unreachable for its first two attempts (UNAVAILABLE), then loads; the step is
+    # planned on both instead of leaving b behind.
+    u, ledger, actors, _ = make(settings(ASYNC, 1), {"a": 0, "b": 0}, instant=True, wait=10.0)
+    actors["b"].fail = 2
+    await asyncio.wait_for(u.update(2, 1), 8)
+    assert actors["b"].calls == [1, 1, 1] and actors["a"].calls == [1]
+    assert [a.actor_id for a in ledger.plans[2].allocations] == ["a", "b"]
+
+
+async def test_not_lagged_load_still_refused_at_the_commit_wait_leaves_the_actor_behind():
+    u, ledger, actors, _ = make(settings(ASYNC, 1), {"a": 0, "b": 0}, instant=True, wait=1.5)
+    actors["b"].fail = 100
+    await asyncio.wait_for(u.update(2, 1), 6)
+    assert 2 <= len(actors["b"].calls) <= 3
+    assert [a.actor_id for a in ledger.plans[2].allocations] == ["a"]
+
+
 async def test_delta_mode_plans_v_and_loads_nothing():
     u, ledger, actors, pub = make(settings(ASYNC, 4, DELTA), {"a": 3, "b": 3})
     pub.on_published(3)
