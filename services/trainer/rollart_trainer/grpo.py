@@ -56,6 +56,12 @@ _MAX_LOG_RATIO = obj.MAX_LOG_RATIO
 # ====================================================================================================
 
 
+GRPO_OPTIONS = (
+    "temperature", "warmup_steps", "row_tokens", "clip_ratio_c", "adam_beta1", "adam_beta2", "advantage_eps",
+    "pad_token_id",
+)  # fmt: skip
+
+
 @dataclass
 class GrpoSettings:
     """GRPO hyper-parameters (the proto's ``GrpoConfig`` plus a few options)."""
@@ -67,6 +73,7 @@ class GrpoSettings:
     warmup_steps: int = 0  # linear learning-rate warm-up over this many optimizer steps
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
+    clip_ratio_c: float = 0.0  # dual-clip (option grpo.clip_ratio_c, > 1): a negative advantage's loss <= -c * A
     kl_coef: float = 0.0
     max_grad_norm: float = 1.0  # 0: no clipping (the norm is still measured)
     normalize_advantage_std: bool = True
@@ -84,6 +91,8 @@ class GrpoSettings:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if not (0 <= self.clip_eps_low < 1) or self.clip_eps_high < 0:
             raise ValueError("clip_eps_low must be in [0, 1) and clip_eps_high >= 0")
+        if self.clip_ratio_c != 0 and not (1 < self.clip_ratio_c < math.inf):
+            raise ValueError(f"grpo.clip_ratio_c must be > 1 (dual-clip) or 0 (off), got {self.clip_ratio_c}")
         if self.kl_coef < 0 or self.max_grad_norm < 0 or self.weight_decay < 0:
             raise ValueError("kl_coef, max_grad_norm and weight_decay must be >= 0")
         if self.micro_batch_size < 0 or self.epochs_per_batch < 1 or self.max_seq_len < 0 or self.row_tokens < 0:
@@ -102,11 +111,15 @@ class GrpoSettings:
         """From ``rollart.v1.GrpoConfig`` (zero fields take the defaults above, except ``max_grad_norm``,
         ``weight_decay`` and ``kl_coef`` whose 0 means none, and ``normalize_advantage_std`` taken as is)
         and the job spec's ``options`` (``grpo.temperature``, ``grpo.warmup_steps``, ``grpo.row_tokens``,
-        ``grpo.adam_beta1``, ``grpo.adam_beta2``, ``grpo.advantage_eps``, ``grpo.pad_token_id``). The
-        objective's fields: empty strings and zeros take the defaults of :class:`ObjectiveSettings` (the
-        caps and bounds are ``optional``: unset takes the default, a value is checked as given)."""
+        ``grpo.clip_ratio_c``, ``grpo.adam_beta1``, ``grpo.adam_beta2``, ``grpo.advantage_eps``,
+        ``grpo.pad_token_id``). The objective's fields: empty strings and zeros take the defaults of
+        :class:`ObjectiveSettings` (the caps and bounds are ``optional``: unset takes the default, a value is
+        checked as given)."""
         d = cls()
         opts = dict(options or {})
+        for key in opts:  # a typo would otherwise be ignored silently
+            if key.startswith("grpo.") and key.removeprefix("grpo.") not in GRPO_OPTIONS:
+                raise ValueError(f"options[{key}] is not a grpo option (one of grpo.{', grpo.'.join(GRPO_OPTIONS)})")
 
         def opt(name: str, conv: Any, default: Any) -> Any:
             raw = opts.get(f"grpo.{name}")
@@ -124,6 +137,7 @@ class GrpoSettings:
             warmup_steps=opt("warmup_steps", int, d.warmup_steps),
             clip_eps_low=grpo.clip_eps_low or d.clip_eps_low,
             clip_eps_high=grpo.clip_eps_high or d.clip_eps_high,
+            clip_ratio_c=opt("clip_ratio_c", float, d.clip_ratio_c),
             kl_coef=grpo.kl_coef,
             max_grad_norm=grpo.max_grad_norm,
             normalize_advantage_std=grpo.normalize_advantage_std,
@@ -232,6 +246,7 @@ def grpo_token_loss(
     sequence_index: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    clip_ratio_c: float = 0.0,
 ) -> TokenLoss:
     """The clipped importance-ratio surrogate per token (PPO-style, asymmetric clip range).
 
@@ -240,7 +255,9 @@ def grpo_token_loss(
     policy-gradient term is multiplied by it (the correction's capped or masked weight, detached);
     ``sequence_index``: GSPO, one ratio per sample (the geometric mean of its token ratios; sample index per
     token), with the token-level gradient of GSPO-token; ``entropy`` with ``entropy_coef``: the bonus
-    ``- entropy_coef * entropy`` (differentiable entropy)."""
+    ``- entropy_coef * entropy`` (differentiable entropy); ``clip_ratio_c`` (> 1): dual-clip, a token with a
+    negative advantage loses at most ``-clip_ratio_c * A`` (a ratio far above 1 on a bad sample, e.g. a stale
+    one, no longer yields an unbounded step; counted as clipped)."""
     base = behaviour_logp if old_logp is None else old_logp
     if sequence_index is None:
         log_ratio = (logp - base).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
@@ -253,6 +270,12 @@ def grpo_token_loss(
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages
     pg = -torch.minimum(unclipped, clipped)
+    chose_clip = clipped < unclipped
+    if clip_ratio_c:
+        bound = -clip_ratio_c * advantages
+        dual = (advantages < 0) & (pg > bound)
+        pg = torch.where(dual, bound.to(pg.dtype), pg)
+        chose_clip = chose_clip | dual
     if weight is not None:
         pg = pg * weight.to(pg.dtype)
     loss = pg
@@ -265,7 +288,7 @@ def grpo_token_loss(
     if entropy is not None and entropy_coef:
         bonus = entropy
         loss = loss - entropy_coef * entropy
-    return TokenLoss(loss, pg, kl, ratio.detach(), (clipped < unclipped).detach(), bonus)
+    return TokenLoss(loss, pg, kl, ratio.detach(), chose_clip.detach(), bonus)
 
 
 # ====================================================================================================
@@ -565,6 +588,7 @@ class TorchBackend(TrainBackend):
                 clip_eps_high=s.clip_eps_high,
                 ref_logp=ref_logp,
                 kl_coef=s.kl_coef,
+                clip_ratio_c=s.clip_ratio_c,
                 **extra,
             )
             factor = None

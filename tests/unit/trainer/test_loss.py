@@ -21,11 +21,11 @@ from rollart_trainer.grpo import (  # noqa: E402
 )
 
 
-def _loss(ratios: list[float], adv: float, lo: float = 0.2, hi: float = 0.28):
+def _loss(ratios: list[float], adv: float, lo: float = 0.2, hi: float = 0.28, c: float = 0.0):
     behaviour = torch.full((len(ratios),), -2.0, dtype=torch.float64)
     logp = (behaviour + torch.log(torch.tensor(ratios, dtype=torch.float64))).requires_grad_(True)
     a = torch.full((len(ratios),), adv, dtype=torch.float64)
-    tl = grpo_token_loss(logp, behaviour, a, clip_eps_low=lo, clip_eps_high=hi)
+    tl = grpo_token_loss(logp, behaviour, a, clip_eps_low=lo, clip_eps_high=hi, clip_ratio_c=c)
     tl.pg.sum().backward()
     return tl, logp.grad
 
@@ -57,6 +57,39 @@ def test_clip_range_is_asymmetric() -> None:
     tl_narrow, _ = _loss([1.25], adv=1.0, hi=0.2)
     assert not tl_wide.clipped.item() and tl_narrow.clipped.item()
     assert tl_narrow.pg.item() == pytest.approx(-1.2)
+
+
+def test_dual_clip_bounds_a_negative_advantage_loss_at_c_times_a() -> None:
+    # A = -2, c = 3: the PPO term is -min(-2r, -2 clip(r)) = 2 max(r, clip(r)); dual-clip caps it at 6 (r > 3),
+    # where it no longer depends on r (no gradient, counted as clipped).
+    ratios = [0.5, 1.0, 2.0, 2.99, 3.01, 10.0]
+    tl, grad = _loss(ratios, adv=-2.0, c=3.0)
+    assert tl.pg.detach().tolist() == pytest.approx([1.6, 2.0, 4.0, 5.98, 6.0, 6.0])
+    assert tl.clipped.tolist() == [True, False, False, False, True, True]
+    r = torch.tensor(ratios, dtype=torch.float64)
+    torch.testing.assert_close(grad, torch.where(tl.clipped, 0.0, 2.0 * r))
+
+
+def test_dual_clip_leaves_positive_advantages_and_the_default_loss_alone() -> None:
+    ratios = [0.5, 1.0, 1.5, 10.0]
+    on, _ = _loss(ratios, adv=2.0, c=3.0)
+    off, _ = _loss(ratios, adv=2.0)
+    assert torch.equal(on.pg, off.pg) and torch.equal(on.clipped, off.clipped)
+    neg_off, _ = _loss(ratios, adv=-1.0)
+    assert neg_off.pg.detach().tolist()[-1] == pytest.approx(10.0)  # unbounded without it
+
+
+def test_dual_clip_option_is_read_and_checked() -> None:
+    from rollart.v1 import trainer_pb2
+
+    g = trainer_pb2.GrpoConfig(learning_rate=1e-5)
+    assert GrpoSettings.from_proto(g).clip_ratio_c == 0.0
+    assert GrpoSettings.from_proto(g, {"grpo.clip_ratio_c": "3"}).clip_ratio_c == 3.0
+    for bad in ("1", "0.5", "-3", "inf"):
+        with pytest.raises(ValueError, match="clip_ratio_c"):
+            GrpoSettings.from_proto(g, {"grpo.clip_ratio_c": bad})
+    with pytest.raises(ValueError, match=r"options\[grpo.clip_ratio\] is not a grpo option"):
+        GrpoSettings.from_proto(g, {"grpo.clip_ratio": "3"})  # a typo is refused, not ignored
 
 
 def test_k3_kl_values_gradient_and_unbiasedness() -> None:

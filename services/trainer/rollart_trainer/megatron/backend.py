@@ -369,6 +369,7 @@ class MegatronBackend(TorchBackend):
                 clip_eps_high=s.clip_eps_high,
                 ref_logp=None if ref is None else ref[k],
                 kl_coef=s.kl_coef,
+                clip_ratio_c=s.clip_ratio_c,
             )
             with torch.no_grad():
                 n = tl.ratio.numel()
