@@ -84,6 +84,7 @@ class Link:
 class Regions:
     place: dict[str, list[str]]  # region -> service or instance names, as the job file writes them
     links: dict[tuple[str, str], Link] = field(default_factory=dict)
+    compression: str = "gzip"  # every instance's gRPC requests (ROLLART_GRPC_COMPRESSION): gzip, deflate or none
 
     @property
     def names(self) -> list[str]:
@@ -153,9 +154,12 @@ def parse_regions(cluster: Mapping[str, Any], services: Sequence[str], actors: i
     where = "cluster.regions"
     if not isinstance(raw, Mapping):
         raise RegionError(f"{where}: expected a mapping with place and links")
-    unknown = set(raw) - {"place", "links"}
+    unknown = set(raw) - {"place", "links", "compression"}
     if unknown:
-        raise RegionError(f"{where}.{sorted(unknown)[0]}: unknown key (known: links, place)")
+        raise RegionError(f"{where}.{sorted(unknown)[0]}: unknown key (known: compression, links, place)")
+    compression = raw.get("compression", "gzip")
+    if compression not in ("gzip", "deflate", "none"):
+        raise RegionError(f"{where}.compression: {compression!r} (expected gzip, deflate or none)")
     place_raw = raw.get("place")
     if not isinstance(place_raw, Mapping) or not place_raw:
         raise RegionError(f"{where}.place: expected a mapping of region name -> list of services")
@@ -179,7 +183,7 @@ def parse_regions(cluster: Mapping[str, Any], services: Sequence[str], actors: i
                 raise RegionError(f"{rw}: {name!r} is already in region {seen[name]!r}")
             seen[name] = region
         place[region] = list(names)
-    regions = Regions(place)
+    regions = Regions(place, compression=compression)
     actor_names = ["actor"] + [f"actor-{i}" for i in range(2, actors + 1)]
     for svc in services:
         wanted = actor_names if svc == "actor" else [svc]
@@ -281,7 +285,7 @@ class RegionPlan:
         """The instance's own listeners, on its region's address."""
         eps = self.endpoints[name]
         host = self.regions.host(self.region[name])
-        env = {"ROLLART_LISTEN": eps["address"]}
+        env = {"ROLLART_LISTEN": eps["address"], "ROLLART_GRPC_COMPRESSION": self.regions.compression}
         if "data" in eps:
             env["ROLLART_DATA_LISTEN"] = eps["data"]
         if name == "llmproxy" or name.startswith("llmproxy-"):

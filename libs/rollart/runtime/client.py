@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,6 +30,21 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.enable_retries", 1),
 ]
+
+
+COMPRESSION_ENV = "ROLLART_GRPC_COMPRESSION"
+COMPRESSIONS = {"gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate, "none": None, "": None}
+
+
+def channel_compression() -> grpc.Compression | None:
+    """How this process's channels compress their requests (``ROLLART_GRPC_COMPRESSION``: gzip, deflate, none).
+
+    Worth it where calls cross a slow link: a trajectory's token ids and per-token versions compress several-fold
+    (the launcher turns gzip on for every instance of a job with regions). Servers accept it without a setting."""
+    raw = os.environ.get(COMPRESSION_ENV, "").strip().lower()
+    if raw not in COMPRESSIONS:
+        raise ValueError(f"{COMPRESSION_ENV}={raw!r}: expected gzip, deflate or none")
+    return COMPRESSIONS[raw]
 
 
 def retry_service_config(
@@ -193,12 +209,13 @@ def channel(
     ]
     opts = list(CHANNEL_OPTIONS) + list(options)
     opts.append(("grpc.service_config", retry_service_config(idem)))
+    compression = channel_compression()
     creds = channel_credentials(tls)
     if creds is not None:
         if tls is not None and tls.server_name:
             opts.append(("grpc.ssl_target_name_override", tls.server_name))
-        return aio.secure_channel(address, creds, options=opts, interceptors=interceptors)
-    return aio.insecure_channel(address, options=opts, interceptors=interceptors)
+        return aio.secure_channel(address, creds, options=opts, compression=compression, interceptors=interceptors)
+    return aio.insecure_channel(address, options=opts, compression=compression, interceptors=interceptors)
 
 
 def bare_channel(address: str, tls: TLSConfig | None = None) -> aio.Channel:

@@ -26,6 +26,11 @@ def _parse(regions: object, actors: int = 2):
     return parse_regions({"regions": regions}, SERVICE_NAMES, actors)
 
 
+def test_compression_defaults_to_gzip_and_can_be_turned_off():
+    assert _parse(GEO).compression == "gzip"
+    assert _parse(dict(GEO, compression="none")).compression == "none"
+
+
 def test_no_regions_is_none():
     assert parse_regions({"actors": 2}, SERVICE_NAMES, 2) is None
 
@@ -69,6 +74,7 @@ def test_a_base_name_places_every_instance():
         (lambda g: g["links"].pop("infer->train"), "cluster.regions.links: no link infer->train"),
         (lambda g: g["links"].__setitem__("train", LINK), "cluster.regions.links.train: expected 'from->to'"),
         (lambda g: g.__setitem__("zones", {}), "cluster.regions.zones: unknown key"),
+        (lambda g: g.__setitem__("compression", "zstd"), "cluster.regions.compression: 'zstd' (expected gzip"),
         (lambda g: g["place"].__setitem__("1bad", []), "cluster.regions.place: bad region name '1bad'"),
     ],
 )  # fmt: skip
@@ -124,6 +130,7 @@ def test_plan_routes_every_cross_region_address_through_the_callers_forwarder(tm
     assert plan.audit("envmanager", {"ROLLART_LLMPROXY": "127.0.0.1:5000"}) == ["ROLLART_LLMPROXY=127.0.0.1:5000"]
     listen = plan.listen_env("trainer")
     assert listen["ROLLART_LISTEN"] == plan.endpoints["trainer"]["address"]
+    assert listen["ROLLART_GRPC_COMPRESSION"] == "gzip"  # the default with regions: requests cross links
     # Actors (all in infer) fall back to the trainer's data endpoint through infer's forwarder to it.
     assert listen["ROLLART_DATA_ADVERTISE"] == plan.route("actor", plan.endpoints["trainer"]["data"])
     assert plan.audit("trainer", plan.rewrite("trainer", listen)) == []
