@@ -1,5 +1,5 @@
 """LoRA jobs: the ``spec.lora`` settings, StartJob's checks of them, and the model's layers they name
-(docs/lora.md). The backend that trains an adapter is ``lora_backend.py``.
+(docs/lora.md). The backends that train an adapter are ``lora_backend.py`` and ``fsdp_lora.py``.
 
 A ``LoraConfig`` present on the spec makes the job a LoRA job: the policy is the base plus a peft adapter, only
 the adapter (and ``trainable_modules``) is trained, and each published version is the adapter's tensors plus
@@ -29,6 +29,11 @@ MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+){0,15}$")
 MAX_MODULE_CHARS = 128
 #: The extra tensor of every published adapter version: h(v0) of the base's full weights (uint8[32]).
 BASE_HASH = "rollart.base_hash"
+#: Why a backend other than torch or fsdp2 cannot train an adapter (StartJob's and make_backend's refusal).
+LORA_BACKENDS = (
+    "LoRA trains on the torch and fsdp2 backends; megatron-core ships no LoRA/PEFT layers (NeMo and "
+    "Megatron-Bridge add them), so the megatron backend trains full weights only"
+)
 
 
 @dataclass(frozen=True)
@@ -104,10 +109,8 @@ def check_lora(spec: T.TrainerJobSpec) -> None:
             raise errors.InvalidArgument(
                 f"{p}trainable_modules[{i}]", f"{name!r} already has an adapter (it is in target_modules)"
             )
-    if spec.backend in (T.TRAINER_BACKEND_FSDP2, T.TRAINER_BACKEND_MEGATRON):
-        raise errors.InvalidArgument(
-            "spec.lora", f"LoRA trains on the torch backend only, not {T.TrainerBackend.Name(spec.backend)}"
-        )
+    if spec.backend == T.TRAINER_BACKEND_MEGATRON:
+        raise errors.InvalidArgument("spec.lora", f"{LORA_BACKENDS} (not TRAINER_BACKEND_MEGATRON)")
     model = Path(spec.model).expanduser()
     try:
         known = (model / "config.json").is_file()

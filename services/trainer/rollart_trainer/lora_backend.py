@@ -49,8 +49,16 @@ class LoraBackend(TorchBackend):
     """:class:`TorchBackend` training a peft LoRA adapter on a frozen base."""
 
     def __init__(
-        self, policy: Policy, settings: GrpoSettings | None = None, *, lora: LoraSettings, seed: int = 0
+        self,
+        policy: Policy,
+        settings: GrpoSettings | None = None,
+        *,
+        lora: LoraSettings,
+        seed: int = 0,
+        **backend_kwargs: Any,
     ) -> None:
+        """``backend_kwargs`` go to the next backend's ``__init__`` (the FSDP2 one's options in
+        ``fsdp_lora.py``)."""
         from peft import get_peft_model
 
         self.lora = lora
@@ -62,7 +70,7 @@ class LoraBackend(TorchBackend):
             torch.manual_seed(seed)
             self.peft = get_peft_model(policy.model, lora.peft_config())  # injects the adapter in place
         policy.model.eval()
-        super().__init__(policy, settings)
+        super().__init__(policy, settings, **backend_kwargs)  # FSDP2 shards here: after the adapter is in
         if self.settings.kl_coef > 0:
             self.reference = AdapterDisabled(self.net, self.peft)
         modules = policy.model.named_modules()
@@ -104,12 +112,24 @@ class LoraBackend(TorchBackend):
 
         return dict(get_peft_model_state_dict(self.peft))
 
+    def _full_adapter(self) -> dict[str, torch.Tensor]:
+        """The adapter's whole tensors on the writer rank ({} on the others; the FSDP2 backend gathers its
+        shards here, a collective every rank calls)."""
+        return self.adapter_tensors()
+
+    def _load_adapter_tensor(self, own: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy a whole saved tensor into the live one (the FSDP2 backend keeps this rank's shard of it)."""
+        own.copy_(src.to(own.device, own.dtype))
+
     def export(self, out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """The adapter tensors (fp32 numpy, fresh buffers; ``out`` is not used) and ``rollart.base_hash``."""
+        """The adapter tensors (fp32 numpy, fresh buffers; ``out`` is not used) and ``rollart.base_hash``;
+        {} on a rank that is not the writer."""
         with torch.no_grad():
+            full = self._full_adapter()
+            if not self.is_writer:
+                return {}
             arrays = {
-                n: t.detach().to("cpu", torch.float32, copy=True).contiguous().numpy()
-                for n, t in sorted(self.adapter_tensors().items())
+                n: t.detach().to("cpu", torch.float32, copy=True).contiguous().numpy() for n, t in sorted(full.items())
             }
         arrays[BASE_HASH] = np.frombuffer(self.base_hash, dtype=np.uint8).copy()
         return arrays
@@ -120,14 +140,19 @@ class LoraBackend(TorchBackend):
         return WeightSet(arrays, dtypes, version)
 
     def model_state(self) -> dict[str, torch.Tensor]:
-        """What a training checkpoint holds: the adapter tensors and the base's hash (not the base)."""
-        out = {n: t.detach().to("cpu", copy=True).contiguous() for n, t in self.adapter_tensors().items()}
+        """What a training checkpoint holds: the adapter tensors and the base's hash (not the base); {} on a
+        rank that is not the writer."""
+        with torch.no_grad():
+            full = self._full_adapter()
+        if not self.is_writer:
+            return {}
+        out = {n: t.detach().to("cpu", copy=True).contiguous() for n, t in full.items()}
         out[BASE_HASH] = torch.frombuffer(bytearray(self.base_hash), dtype=torch.uint8)
         return out
 
     def load_model_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restore an adapter saved by :meth:`model_state` onto this base (the names, shapes and base hash must
-        match)."""
+        match; every rank checks the same file, so all refuse or none does)."""
         own = self.adapter_tensors()
         missing = (set(own) | {BASE_HASH}) - set(tensors)
         extra = set(tensors) - set(own) - {BASE_HASH}
@@ -146,5 +171,5 @@ class LoraBackend(TorchBackend):
                 src = tensors[name]
                 if tuple(src.shape) != tuple(t.shape):
                     raise ValueError(f"{name}: shape {tuple(src.shape)} != {tuple(t.shape)}")
-            for name, t in own.items():
-                t.copy_(tensors[name].to(t.device, t.dtype))
+            for name, t in sorted(own.items()):  # one order on every rank (FSDP2 scatters: a collective)
+                self._load_adapter_tensor(t, tensors[name])

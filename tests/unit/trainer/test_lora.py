@@ -1,10 +1,13 @@
 """LoRA training on a real tiny Qwen3 with the real peft (docs/lora.md): a step moves only the adapter, the base
 stays bit-identical; version 0's policy is the base (lora_B = 0); the KL reference is the base's logprobs with no
 second model copy; checkpoints hold the adapter and optimizer only and restore onto the base (not onto another);
-a published version is peft's tensor names plus rollart.base_hash = h(v0) of the base."""
+a published version is peft's tensor names plus rollart.base_hash = h(v0) of the base. The FSDP2 LoRA backend in a
+world of one matches it (two ranks: test_fsdp.py)."""
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -201,7 +204,55 @@ def test_restoring_onto_another_base_or_adapter_is_refused(
         b.load_model_state(wrong)
 
 
-def test_lora_on_another_backend_is_refused(tiny_model: Path) -> None:
-    for kind in ("fsdp2", "megatron"):
-        with pytest.raises(ValueError, match="spec.lora"):
-            make_backend(kind, tiny_model, settings(), device="cpu", lora=LORA)
+def test_lora_on_megatron_is_refused_naming_spec_lora(tiny_model: Path) -> None:
+    with pytest.raises(ValueError, match="spec.lora: .*megatron-core ships no LoRA"):
+        make_backend("megatron", tiny_model, settings(), device="cpu", lora=LORA)
+
+
+@pytest.fixture
+def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """torch.distributed as init_distributed makes it outside torchrun (one gloo rank), undone afterwards."""
+    import torch.distributed as dist
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for k, val in env.items():
+        monkeypatch.setenv(k, val)
+    ours = not dist.is_initialized()
+    yield
+    if ours and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_fsdp2_lora_in_a_world_of_one_is_the_torch_lora_backend(world_of_one: None, tiny_model: Path) -> None:
+    """The two-rank comparison is tests/unit/trainer/test_fsdp.py (opt-in); this is the cheap one-rank check."""
+    from torch.distributed.tensor import DTensor
+
+    from rollart_trainer.fsdp_lora import FSDP2LoraBackend
+
+    f = make_backend("fsdp2", tiny_model, settings(kl_coef=0.5), device="cpu", lora=LORA, mixed_precision=False)
+    assert isinstance(f, FSDP2LoraBackend) and f.is_writer and f.world == 1
+    assert isinstance(f.reference, AdapterDisabled) and not list(f.reference.parameters())
+    trained = [n for n, p in f.policy.model.named_parameters() if p.requires_grad]
+    assert all(".lora_A." in n or ".lora_B." in n for n in trained)
+    assert len(f.parameters) == len(trained) == 2 * 2 * len(DEFAULT_TARGETS)
+    assert all(isinstance(p, DTensor) for p in f.policy.model.parameters())  # base and adapter sharded
+    b = lora_backend(tiny_model, kl_coef=0.5)
+    assert f.export()[BASE_HASH].tobytes() == b.base_hash == model_dir_digest(tiny_model)
+    for _ in range(2):
+        got, want = f.train_step(TrainBatch(samples(), "b", 0)), b.train_step(TrainBatch(samples(), "b", 0))
+        assert got.loss == pytest.approx(want.loss, rel=1e-6)
+    ws, ref = f.weight_set(2), b.weight_set(2)
+    assert ws.dtypes == ref.dtypes
+    for n in ref.arrays:
+        np.testing.assert_allclose(ws.arrays[n], ref.arrays[n], rtol=0, atol=1e-7, err_msg=n)
+    # model_state is the adapter alone; loading scatters it into the shards (and refuses another base's).
+    state = b.model_state()
+    assert set(f.model_state()) == set(state)
+    b.train_step(TrainBatch(samples(), "b", 0))
+    f.load_model_state(b.model_state())
+    assert all(np.array_equal(f.export()[n], b.export()[n]) for n in ref.arrays)
+    with pytest.raises(ValueError, match="trained on base"):
+        f.load_model_state({**state, BASE_HASH: torch.zeros(32, dtype=torch.uint8)})

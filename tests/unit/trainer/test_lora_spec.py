@@ -1,6 +1,7 @@
 """LoRA settings: the job file's ``model.lora`` becomes ``job.lora`` (``--set`` included), and StartJob's check
 refuses every bad value naming the field (rank bounds and a rank larger than a targeted layer, alpha, dropout,
-module names the model does not have, malformed or duplicated names, the fsdp2 and megatron backends)."""
+module names the model does not have, malformed or duplicated names, the megatron backend); torch and fsdp2 train
+LoRA."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from rollart.job.spec import SpecError, apply_overrides, job_spec, load_job_file
 from rollart.runtime import errors
 from rollart.v1 import trainer_pb2 as T
 from rollart_trainer import validators
-from rollart_trainer.lora import DEFAULT_TARGETS, LoraSettings, settings_of
+from rollart_trainer.lora import DEFAULT_TARGETS, LoraSettings, check_lora, settings_of
 
 LORA = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
 
@@ -131,14 +132,23 @@ def test_an_empty_lora_section_is_not_a_full_weight_job(tiny_model: Path) -> Non
     assert refused(s).field == "spec.lora.rank"
 
 
-@pytest.mark.parametrize("backend", [T.TRAINER_BACKEND_FSDP2, T.TRAINER_BACKEND_MEGATRON])
-def test_other_backends_are_refused_naming_spec_lora(tiny_model: Path, backend: int) -> None:
+@pytest.mark.parametrize("backend", [T.TRAINER_BACKEND_UNSPECIFIED, T.TRAINER_BACKEND_TORCH, T.TRAINER_BACKEND_FSDP2])
+def test_torch_and_fsdp2_train_lora(tiny_model: Path, backend: int) -> None:
     s = spec(tiny_model)
     s.backend = backend  # type: ignore[assignment]
+    validators.check_spec(s)
+
+
+def test_megatron_is_refused_naming_spec_lora(tiny_model: Path) -> None:
+    s = spec(tiny_model)
+    s.backend = T.TRAINER_BACKEND_MEGATRON
+    with pytest.raises(errors.InvalidArgument) as info:
+        check_lora(s)  # StartJob's LoRA check itself: check_spec refuses megatron sooner without megatron-core
+    err = info.value
+    assert err.field == "spec.lora" and "megatron-core ships no LoRA" in err.details()
+    assert "fsdp2" in err.details()
     err = refused(s)
-    if backend == T.TRAINER_BACKEND_MEGATRON and err.field == "spec.backend":
-        pytest.skip("megatron-core is not installed: refused before LoRA is looked at")
-    assert err.field == "spec.lora" and "torch backend only" in err.details()
+    assert err.field in ("spec.lora", "spec.backend")  # spec.backend: megatron-core is not installed
 
 
 def test_a_broken_model_config_is_refused_naming_the_model(tmp_path: Path) -> None:
