@@ -1,4 +1,5 @@
-"""FSDP2 backend: the same GRPO step as the single-device backend, parameters sharded over ranks.
+"""FSDP2 backend: the same GRPO step as the single-device backend, parameters sharded over ranks; and the same for
+a LoRA adapter on a frozen sharded base (docs/lora.md).
 
 Runs on CUDA machines (NCCL, one rank per GPU, up to 2). Machines without a GPU skip it; set
 ROLLART_TEST_FSDP_CPU=1 to run it with two CPU ranks over gloo instead (about 20 s on 2 cores).
@@ -45,7 +46,7 @@ def _port() -> int:
         ),
     ],
 )
-def test_fsdp2_step_matches_single_device(tiny_model: Path, tmp_path: Path, device: str) -> None:
+def test_fsdp2_step_matches_single_device(tiny_model: Path, tiny_tied_model: Path, tmp_path: Path, device: str) -> None:
     ranks = min(2, torch.cuda.device_count()) if device == "cuda" else 2
     out = tmp_path / "result.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[3]))
@@ -59,6 +60,7 @@ def test_fsdp2_step_matches_single_device(tiny_model: Path, tmp_path: Path, devi
         str(tiny_model),
         str(out),
         device,
+        str(tiny_tied_model),  # the LoRA case's other base
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -73,3 +75,13 @@ def test_fsdp2_step_matches_single_device(tiny_model: Path, tmp_path: Path, devi
     bf16 = result["mixed=True"]  # bf16 compute, fp32 master weights and reduction
     assert bf16["loss"][0] == pytest.approx(bf16["ref_loss"][0], abs=0.05)
     assert bf16["grad_norm"][0] == pytest.approx(bf16["ref_grad_norm"][0], rel=0.1)
+    lora = result["lora"]  # fp32 compute, KL term on: the sharded adapter takes the single-device steps
+    assert lora["names_equal"] and lora["base_hash_equal"] and lora["adapter_moved"]
+    for a, b in zip(lora["loss"] + lora["grad_norm"], lora["ref_loss"] + lora["ref_grad_norm"]):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+    assert lora["max_abs_diff"] <= 1e-5  # 1% of a step (lr 1e-3): the same update up to float reduction order
+    assert lora["base_bit_identical"]
+    assert lora["reference_is_adapter_disabled"] and lora["reference_vs_base"] <= 1e-6
+    assert lora["restored_equal"] and lora["resume_equal"]
+    assert lora["resume_loss"][0] == lora["resume_loss"][1]
+    assert "trained on base" in lora["other_base_refused"]
