@@ -38,6 +38,7 @@ from typing import Any
 from rollart.runtime import errors
 
 from .config import ActorConfig
+from .engine_adapters import EngineAdapters
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,9 @@ class Track:
     cached_tokens: int = 0
     kv_transfer_params: dict[str, Any] | None = None
     paused_at_start: bool = False
-    # LoRA mode: the adapter version the request runs with from admission to its end (its LoRARequest).
+    # LoRA mode: the job it serves ("": the actor's own), and the adapter version it runs with from admission to
+    # its end (its LoRARequest).
+    job: str = ""
     lora_version: int | None = None
     lora: Any = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -232,10 +235,8 @@ class ActorEngine:
         self._update_since = 0.0
         self._pause_began = 0.0
         self.ready = False
-        # LoRA mode (cfg.lora): the LoRARequest new requests carry, and every adapter version the engine holds.
-        self.active_lora: Any = None
-        self.loras: dict[int, Any] = {}
-        self._pruning: asyncio.Task | None = None
+        # LoRA mode (cfg.lora): per job, the adapter versions the engine holds and the one new requests carry.
+        self.adapters = EngineAdapters(self, version)
 
     # ---------------------------------------------------------------------------------------------- lifecycle
 
@@ -404,7 +405,7 @@ class ActorEngine:
             raise EngineError("UNAVAILABLE", "the inference engine is not running")
         track.admitted = time.monotonic()
         if self.cfg.lora is not None:  # the request keeps its adapter version to its end (no re-prefill)
-            track.lora_version, track.lora = self.version, self.active_lora
+            track.lora_version, track.lora = self.adapters.for_request(track.job)
         self.prompt_total += len(track.prompt_ids)
         track.task = asyncio.create_task(self._pump(track, params, priority), name=f"pump-{track.request_id}")
 
@@ -467,8 +468,9 @@ class ActorEngine:
                 if track.error is None:
                     track.error = EngineError("UNAVAILABLE", "generation ended without a final output")
             track.notify()
-            if track.lora is not None and track.lora is not self.active_lora:
-                self._schedule_prune()
+            job = self.adapters.jobs.get(track.job)
+            if track.lora is not None and (job is None or track.lora is not job.active):
+                self.adapters.schedule_prune()
 
     def _count_tokens(self, n: int, now: float) -> None:
         self.generated_total += n
@@ -611,16 +613,20 @@ class ActorEngine:
         mode: str = KEEP,
         wait_timeout: float | None = 60.0,
         after_load: Callable[[], None] | None = None,
+        job: str = "",
     ) -> UpdateStats:
         """Load ``payload`` (a safetensors file or folder) in place at a safe point and make to_version active.
 
         Raises EngineError (the engine's weights unchanged) when the worker refuses the payload. ``after_load``
         runs once the engine holds the new weights and before generation resumes (e.g. to commit the host copy).
+        LoRA mode: ``payload`` is ``job``'s adapter folder (engine_adapters.py); the base is never reloaded.
         """
         if self.cfg.lora is not None:
-            return await self._switch_adapter(
-                payload, to_version, mode=mode, wait_timeout=wait_timeout, after_load=after_load
+            return await self.adapters.switch(
+                payload, to_version, job, mode=mode, wait_timeout=wait_timeout, after_load=after_load
             )
+        if job:
+            raise EngineError("FAILED_PRECONDITION", f"job {job!r}: a full-weight actor serves its own job only")
         async with self._control:
             self.updating, self.updating_to = True, to_version
             self._update_since = time.time()
@@ -690,93 +696,12 @@ class ActorEngine:
 
     # ------------------------------------------------------------------------------------------ LoRA mode
 
-    async def _switch_adapter(
-        self,
-        folder: str,
-        to_version: int,
-        *,
-        mode: str,
-        wait_timeout: float | None,
-        after_load: Callable[[], None] | None,
-    ) -> UpdateStats:
-        """LoRA mode's safe point: register ``folder`` (a peft adapter) as ``to_version`` and make it the adapter
-        new requests carry. Requests in flight keep the version they started with (their tokens stay stamped
-        with it; nothing is re-prefilled); older adapters leave the engine once no request uses them. The base
-        is never reloaded. Raises EngineError (nothing changed) when the engine refuses the adapter."""
-        from vllm.lora.request import LoRARequest
+    @property
+    def active_lora(self) -> Any:
+        """The own job's LoRARequest that new requests carry (None: the base)."""
+        return self.adapters.jobs[""].active
 
-        async with self._control:
-            self.updating, self.updating_to = True, to_version
-            self._update_since = time.time()
-            t_closed = time.monotonic()
-            self._gate.clear()  # admissions wait for the switch (requests in flight go on)
-            from_version = self.version
-            aborted = 0
-            try:
-                if mode == ABORT:
-                    aborted = len(await self.abort([r for r, t in self.tracks.items() if t.task and not t.finished]))
-                elif mode == WAIT:
-                    deadline = None if wait_timeout is None else time.monotonic() + wait_timeout
-                    while any(t.task is not None and not t.finished for t in self.tracks.values()):
-                        if deadline is not None and time.monotonic() >= deadline:
-                            break
-                        await asyncio.sleep(0.01)
-                    t_closed = time.monotonic()  # the wait is not part of the switch
-                t_load = time.monotonic()
-                req = LoRARequest(lora_name=f"v{to_version}", lora_int_id=to_version + 1, lora_path=folder)
-                if to_version in self.loras:  # the same version again (a reload): its old folder's copy goes
-                    await self.llm.remove_lora(to_version + 1)
-                    self.loras.pop(to_version, None)
-                try:
-                    ok = await self.llm.add_lora(req)
-                except Exception as exc:  # noqa: BLE001 - vLLM validates the adapter before it is used
-                    msg = str(exc).replace("Call to collective_rpc method failed: ", "")
-                    raise EngineError("FAILED_PRECONDITION", f"the engine refused the adapter: {msg}") from None
-                if not ok:
-                    raise EngineError("FAILED_PRECONDITION", f"the engine did not load the adapter {folder}")
-                t_loaded = time.monotonic()
-                if after_load is not None:
-                    after_load()
-                self.loras[to_version] = req
-                self.active_lora, self.version = req, to_version
-            finally:
-                if not self.user_pause.paused:
-                    self._gate.set()
-                self.updating = False
-            window = time.monotonic() - t_closed
-        await self._prune_adapters()
-        log.info(
-            "adapter v%d -> v%d: load %.3f s, admissions closed %.3f s",
-            from_version,
-            to_version,
-            t_loaded - t_load,
-            window,
-        )
-        live = sum(1 for t in self.tracks.values() if t.task is not None and not t.finished)
-        return UpdateStats(
-            from_version=from_version,
-            to_version=to_version,
-            requests_recomputed=0,
-            recomputed_tokens=0,
-            prefix_cache_reset=False,
-            pause_window_s=window,
-            load_s=t_loaded - t_load,
-            aborted=aborted,
-            rpc={"tensors": 0, "adapter": folder, "in_flight_kept": live},
-            completed_at=time.time(),
-        )
-
-    def _schedule_prune(self) -> None:
-        if self._pruning is None or self._pruning.done():
-            self._pruning = asyncio.ensure_future(self._prune_adapters())
-
-    async def _prune_adapters(self) -> list[int]:
-        """Remove every adapter version but the active one that no request in flight uses (and its folder)."""
-        used = {id(t.lora) for t in self.tracks.values() if not t.finished and t.lora is not None}
-        gone = [v for v, req in self.loras.items() if req is not self.active_lora and id(req) not in used]
-        for v in gone:
-            req = self.loras.pop(v)
-            with contextlib.suppress(Exception):
-                await self.llm.remove_lora(req.lora_int_id)
-            shutil.rmtree(req.lora_path, ignore_errors=True)
-        return gone
+    @property
+    def loras(self) -> dict[int, Any]:
+        """The own job's adapter versions the engine holds."""
+        return self.adapters.jobs[""].loaded

@@ -130,3 +130,87 @@ def test_a_refused_adapter_changes_nothing(tmp_path: Path) -> None:
         assert set(llm.loaded) == {2}
 
     asyncio.run(run())
+
+
+def _start(eng: ActorEngine, rid: str, job: str = "") -> Track:
+    t = Track(rid, "", [1])
+    t.job = job
+    eng.register(t)
+    eng.start_request(t, None, 0)
+    return t
+
+
+def test_two_jobs_keep_their_own_adapter_versions(tmp_path: Path) -> None:
+    async def run() -> None:
+        eng, llm = _engine(tmp_path)
+        eng.adapters.add_job("b")
+        await eng.update_weights(str(_folder(tmp_path, 1)), 1)
+        (tmp_path / "b").mkdir()
+        b1 = _folder(tmp_path / "b", 1)
+        sb = await eng.update_weights(str(b1), 1, job="b")
+        assert sb.from_version == 0 and sb.to_version == 1
+        own, other = eng.adapters.of("").active, eng.adapters.of("b").active
+        assert own.lora_int_id == 2 and other.lora_int_id not in (1, 2) and other.lora_name == "b@v1"
+        ta, tb = _start(eng, "ra"), _start(eng, "rb", "b")
+        await asyncio.sleep(0)
+        assert llm.lora_of["ra"] is own and llm.lora_of["rb"] is other
+        # b moves to v2 while rb runs: the own job's adapter and rb's are untouched; b@v1 stays for rb.
+        await eng.update_weights(str(_folder(tmp_path / "b", 2)), 2, job="b")
+        assert eng.version == 1 and eng.active_lora is own and eng.adapters.of("b").version == 2
+        assert set(llm.loaded) == {2, other.lora_int_id, eng.adapters.of("b").active.lora_int_id}
+        await llm.release["rb"].put(5)
+        await _tokens(tb, 1)
+        assert tb.versions == [1]
+        await llm.release["rb"].put(None)
+        await tb.task
+        for _ in range(100):
+            if other.lora_int_id not in llm.loaded:
+                break
+            await asyncio.sleep(0.01)
+        assert other.lora_int_id not in llm.loaded and not b1.exists() and 2 in llm.loaded
+        await llm.release["ra"].put(None)
+        await ta.task
+
+    asyncio.run(run())
+
+
+def test_a_request_of_a_job_the_actor_does_not_serve_is_refused(tmp_path: Path) -> None:
+    eng, _ = _engine(tmp_path)
+    t = Track("r", "", [1])
+    t.job = "nobody"
+    with pytest.raises(EngineError) as err:
+        eng.start_request(t, None, 0)
+    assert err.value.code == "NOT_FOUND" and "'nobody'" in str(err.value)
+
+
+def test_a_dropped_job_frees_its_adapters_once_its_requests_end(tmp_path: Path) -> None:
+    async def run() -> None:
+        eng, llm = _engine(tmp_path)
+        eng.adapters.add_job("b")
+        await eng.update_weights(str(_folder(tmp_path, 1)), 1, job="b")
+        held = eng.adapters.of("b").active.lora_int_id
+        tb = _start(eng, "rb", "b")
+        await asyncio.sleep(0)
+        await eng.adapters.drop_job("b")
+        assert held in llm.loaded  # rb still runs on it
+        with pytest.raises(EngineError):
+            _start(eng, "rb2", "b")
+        await llm.release["rb"].put(None)
+        await tb.task
+        for _ in range(100):
+            if held not in llm.loaded:
+                break
+            await asyncio.sleep(0.01)
+        assert held not in llm.loaded and not (tmp_path / "adapters" / "v1").exists()
+        with pytest.raises(EngineError):
+            await eng.adapters.drop_job("")  # the actor's own job stays
+
+    asyncio.run(run())
+
+
+def test_a_full_weight_engine_refuses_another_job(tmp_path: Path) -> None:
+    cfg = ActorConfig(model="/m", insecure_disable_auth=True)
+    eng = ActorEngine(cfg, version=0)
+    with pytest.raises(EngineError) as err:
+        asyncio.run(eng.update_weights("/x", 1, job="b"))
+    assert err.value.code == "FAILED_PRECONDITION"
