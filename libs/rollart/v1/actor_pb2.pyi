@@ -35,7 +35,7 @@ PAUSE_MODE_WAIT: PauseMode
 PAUSE_MODE_ABORT: PauseMode
 
 class ActorGenerateRequest(_message.Message):
-    __slots__ = ("request_id", "trajectory_id", "input", "sampling", "min_version", "return_text", "chunk_tokens", "priority", "pd_phase", "kv_transfer_params_json")
+    __slots__ = ("request_id", "trajectory_id", "input", "sampling", "min_version", "return_text", "chunk_tokens", "priority", "pd_phase", "kv_transfer_params_json", "job_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class ActorGenerateRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     PD_PHASE_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     trajectory_id: str
     input: _common_pb2.ModelInput
@@ -56,7 +57,8 @@ class ActorGenerateRequest(_message.Message):
     priority: int
     pd_phase: PdPhase
     kv_transfer_params_json: str
-    def __init__(self, request_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., input: _Optional[_Union[_common_pb2.ModelInput, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., min_version: _Optional[int] = ..., return_text: _Optional[bool] = ..., chunk_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., pd_phase: _Optional[_Union[PdPhase, str]] = ..., kv_transfer_params_json: _Optional[str] = ...) -> None: ...
+    job_id: str
+    def __init__(self, request_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., input: _Optional[_Union[_common_pb2.ModelInput, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., min_version: _Optional[int] = ..., return_text: _Optional[bool] = ..., chunk_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., pd_phase: _Optional[_Union[PdPhase, str]] = ..., kv_transfer_params_json: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class ActorAbortRequest(_message.Message):
     __slots__ = ("request_ids", "trajectory_ids", "reason")
@@ -156,12 +158,52 @@ class SequenceList(_message.Message):
     def __init__(self, sequences: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ActorCommitRequest(_message.Message):
-    __slots__ = ("order", "no_wait")
+    __slots__ = ("order", "no_wait", "job_id")
     ORDER_FIELD_NUMBER: _ClassVar[int]
     NO_WAIT_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     order: _common_pb2.CommitOrder
     no_wait: bool
-    def __init__(self, order: _Optional[_Union[_common_pb2.CommitOrder, _Mapping]] = ..., no_wait: _Optional[bool] = ...) -> None: ...
+    job_id: str
+    def __init__(self, order: _Optional[_Union[_common_pb2.CommitOrder, _Mapping]] = ..., no_wait: _Optional[bool] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class AttachJobRequest(_message.Message):
+    __slots__ = ("job_id", "job_key", "rank", "alpha", "target_modules", "weight_source", "ledger")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_KEY_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MODULES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    job_key: bytes
+    rank: int
+    alpha: float
+    target_modules: _containers.RepeatedScalarFieldContainer[str]
+    weight_source: WeightSource
+    ledger: str
+    def __init__(self, job_id: _Optional[str] = ..., job_key: _Optional[bytes] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ..., weight_source: _Optional[_Union[WeightSource, _Mapping]] = ..., ledger: _Optional[str] = ...) -> None: ...
+
+class AttachJobResponse(_message.Message):
+    __slots__ = ("weights", "attached")
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    weights: _common_pb2.ActorWeightState
+    attached: bool
+    def __init__(self, weights: _Optional[_Union[_common_pb2.ActorWeightState, _Mapping]] = ..., attached: _Optional[bool] = ...) -> None: ...
+
+class DetachJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class DetachJobResponse(_message.Message):
+    __slots__ = ("detached",)
+    DETACHED_FIELD_NUMBER: _ClassVar[int]
+    detached: bool
+    def __init__(self, detached: _Optional[bool] = ...) -> None: ...
 
 class ActorCommitResponse(_message.Message):
     __slots__ = ("result", "duplicate")
@@ -302,7 +344,14 @@ class ActorRequestInfo(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class ActorStatus(_message.Message):
-    __slots__ = ("actor_id", "model", "engine", "endpoint", "pool", "region", "hardware", "pd_role", "ready", "weights", "weight_source", "pause", "running_requests", "waiting_requests", "in_flight_trajectories", "tokens_per_s", "generated_tokens_total", "prompt_tokens_total", "kv_cache_usage", "prefix_cache_hit_rate", "max_model_len", "requests", "last_update", "started_at", "last_update_error", "draining")
+    __slots__ = ("actor_id", "model", "engine", "endpoint", "pool", "region", "hardware", "pd_role", "ready", "weights", "weight_source", "pause", "running_requests", "waiting_requests", "in_flight_trajectories", "tokens_per_s", "generated_tokens_total", "prompt_tokens_total", "kv_cache_usage", "prefix_cache_hit_rate", "max_model_len", "requests", "last_update", "started_at", "last_update_error", "draining", "job_weights")
+    class JobWeightsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _common_pb2.ActorWeightState
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_common_pb2.ActorWeightState, _Mapping]] = ...) -> None: ...
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -329,6 +378,7 @@ class ActorStatus(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_UPDATE_ERROR_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    JOB_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     model: str
     engine: str
@@ -355,4 +405,5 @@ class ActorStatus(_message.Message):
     started_at: _timestamp_pb2.Timestamp
     last_update_error: str
     draining: bool
-    def __init__(self, actor_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., region: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., pd_role: _Optional[_Union[_common_pb2.PdRole, str]] = ..., ready: _Optional[bool] = ..., weights: _Optional[_Union[_common_pb2.ActorWeightState, _Mapping]] = ..., weight_source: _Optional[_Union[WeightSource, _Mapping]] = ..., pause: _Optional[_Union[ActorPauseState, _Mapping]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., in_flight_trajectories: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., generated_tokens_total: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., max_model_len: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[ActorRequestInfo, _Mapping]]] = ..., last_update: _Optional[_Union[WeightUpdateResult, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_update_error: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
+    job_weights: _containers.MessageMap[str, _common_pb2.ActorWeightState]
+    def __init__(self, actor_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., region: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., pd_role: _Optional[_Union[_common_pb2.PdRole, str]] = ..., ready: _Optional[bool] = ..., weights: _Optional[_Union[_common_pb2.ActorWeightState, _Mapping]] = ..., weight_source: _Optional[_Union[WeightSource, _Mapping]] = ..., pause: _Optional[_Union[ActorPauseState, _Mapping]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., in_flight_trajectories: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., generated_tokens_total: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., max_model_len: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[ActorRequestInfo, _Mapping]]] = ..., last_update: _Optional[_Union[WeightUpdateResult, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_update_error: _Optional[str] = ..., draining: _Optional[bool] = ..., job_weights: _Optional[_Mapping[str, _common_pb2.ActorWeightState]] = ...) -> None: ...

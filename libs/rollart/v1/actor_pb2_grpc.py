@@ -96,6 +96,16 @@ class ActorStub:
                 request_serializer=rollart_dot_v1_dot_actor__pb2.SetWeightSourceRequest.SerializeToString,
                 response_deserializer=rollart_dot_v1_dot_actor__pb2.WeightSource.FromString,
                 _registered_method=True)
+        self.AttachJob = channel.unary_unary(
+                '/rollart.v1.Actor/AttachJob',
+                request_serializer=rollart_dot_v1_dot_actor__pb2.AttachJobRequest.SerializeToString,
+                response_deserializer=rollart_dot_v1_dot_actor__pb2.AttachJobResponse.FromString,
+                _registered_method=True)
+        self.DetachJob = channel.unary_unary(
+                '/rollart.v1.Actor/DetachJob',
+                request_serializer=rollart_dot_v1_dot_actor__pb2.DetachJobRequest.SerializeToString,
+                response_deserializer=rollart_dot_v1_dot_actor__pb2.DetachJobResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/rollart.v1.Actor/GetStatus',
                 request_serializer=rollart_dot_v1_dot_actor__pb2.ActorStatusRequest.SerializeToString,
@@ -217,6 +227,27 @@ class ActorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttachJob(self, request, context):
+        """LoRA actors: serves another job's adapters on the same base (several
+        jobs on one fleet). The job gets its own adapter versions, delta staging
+        (its segments name it and carry its key), relay subscription and ledger
+        registration; its requests and commits name it (job_id). ALREADY_EXISTS
+        for a job served already with other settings, FAILED_PRECONDITION on a
+        full-weight actor or for an adapter of another base. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DetachJob(self, request, context):
+        """Stops serving an attached job: its requests in flight finish, new ones
+        are refused (NOT_FOUND), its adapters leave the engine once unused.
+        Idempotent; the actor's own job cannot be detached.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStatus(self, request, context):
         """---- Status ----
 
@@ -288,6 +319,16 @@ def add_ActorServicer_to_server(servicer, server):
                     servicer.SetWeightSource,
                     request_deserializer=rollart_dot_v1_dot_actor__pb2.SetWeightSourceRequest.FromString,
                     response_serializer=rollart_dot_v1_dot_actor__pb2.WeightSource.SerializeToString,
+            ),
+            'AttachJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttachJob,
+                    request_deserializer=rollart_dot_v1_dot_actor__pb2.AttachJobRequest.FromString,
+                    response_serializer=rollart_dot_v1_dot_actor__pb2.AttachJobResponse.SerializeToString,
+            ),
+            'DetachJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.DetachJob,
+                    request_deserializer=rollart_dot_v1_dot_actor__pb2.DetachJobRequest.FromString,
+                    response_serializer=rollart_dot_v1_dot_actor__pb2.DetachJobResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -620,6 +661,60 @@ class Actor:
             '/rollart.v1.Actor/SetWeightSource',
             rollart_dot_v1_dot_actor__pb2.SetWeightSourceRequest.SerializeToString,
             rollart_dot_v1_dot_actor__pb2.WeightSource.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AttachJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollart.v1.Actor/AttachJob',
+            rollart_dot_v1_dot_actor__pb2.AttachJobRequest.SerializeToString,
+            rollart_dot_v1_dot_actor__pb2.AttachJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DetachJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollart.v1.Actor/DetachJob',
+            rollart_dot_v1_dot_actor__pb2.DetachJobRequest.SerializeToString,
+            rollart_dot_v1_dot_actor__pb2.DetachJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

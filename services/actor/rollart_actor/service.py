@@ -37,9 +37,11 @@ from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2, ledger_pb2
 from rollart.v1 import resource_manager_pb2 as rm
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
-from . import validators
+from . import job_slots, validators
 from .config import ActorConfig
 from .engine import ABORT, KEEP, WAIT, ActorEngine, EngineError, Track
+from .hardware import detect_hardware
+from .job_slots import JobSlot
 from .ledger_agent import ActorReport, LedgerAgent
 from .weights import HostWeights, WeightError, WeightManager
 
@@ -82,31 +84,6 @@ def _template_kwargs(raw: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def detect_hardware(cfg: ActorConfig, device: str) -> common_pb2.Hardware:
-    hw = cfg.hardware
-    accelerator, count, mem = hw.accelerator, hw.count, hw.memory_gib
-    if device == "cuda":
-        with contextlib.suppress(Exception):
-            import torch
-
-            props = torch.cuda.get_device_properties(0)
-            accelerator = accelerator or props.name
-            count = count or torch.cuda.device_count()
-            mem = mem or props.total_memory / 2**30
-    accelerator = accelerator or "cpu"
-    count = count or (os.cpu_count() or 1)
-    if not mem:
-        with contextlib.suppress(ValueError, OSError, AttributeError):
-            mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    tags = list(hw.tags)
-    # A pool_kind set on purpose is declared to the resource manager, which refuses it in a pool of another
-    # kind (the default "cpu" is not: an actor joining an existing pool takes that pool's kind).
-    kind_tag = f"kind:{cfg.pool_kind}"
-    if "pool_kind" in cfg.model_fields_set and kind_tag not in tags:
-        tags.append(kind_tag)
-    return common_pb2.Hardware(accelerator=accelerator, count=int(count), memory_gib=round(float(mem), 2), tags=tags)
-
-
 def _adapter_host(cfg: ActorConfig) -> HostWeights:
     from .adapters import load_adapter_host
     from .host_weights import load_weight_files
@@ -137,6 +114,7 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         )
         self.registration: Registration | None = None
         self.ledger: LedgerAgent | None = None
+        self.jobs: dict[str, JobSlot] = {}  # LoRA: jobs served besides the own one (AttachJob; job_slots.py)
         self.draining = False
         self._tasks: set[asyncio.Task] = set()
 
@@ -233,6 +211,9 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         return {"actor_id": self.actor_id, "model": self.engine.model_name, "version": self.engine.version}
 
     async def stop(self) -> None:
+        for slot in list(self.jobs.values()):
+            with contextlib.suppress(Exception):
+                await slot.stop()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -375,7 +356,12 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             params = self._sampling(s, top_p, top_k, rep, max_tokens, req, extra)
         except (ValueError, TypeError) as exc:  # vLLM's own checks of the combination
             raise errors.InvalidArgument("sampling", f"sampling: {exc}") from None
-        return Track(req.request_id, req.trajectory_id, prompt), params, int(req.priority)
+        track = Track(req.request_id, req.trajectory_id, prompt)
+        track.job = "" if req.job_id in ("", self.cfg.job_id) else req.job_id
+        if track.job and self.cfg.lora is None:
+            raise errors.FailedPrecondition(f"job_id {req.job_id!r}: this full-weight actor serves {self.cfg.job_id!r}")
+        self.engine.adapters.of(track.job)  # NOT_FOUND for a job not attached
+        return track, params, int(req.priority)
 
     def _sampling(self, s: Any, top_p: float, top_k: int, rep: float, max_tokens: int, req: Any, extra: Any) -> Any:
         return self.engine.sampling_params(
@@ -405,10 +391,10 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         try:
             await self.engine.wait_admission(track, context.time_remaining())
             if not track.finished:
-                if self.engine.version < request.min_version:
+                v = self.engine.adapters.of(track.job).version if track.job else self.engine.version
+                if v < request.min_version:
                     raise EngineError(
-                        "FAILED_PRECONDITION",
-                        f"the active version is {self.engine.version}, the request needs >= {request.min_version}",
+                        "FAILED_PRECONDITION", f"the active version is {v}, the request needs >= {request.min_version}"
                     )
                 self.engine.start_request(track, params, priority)
             async for chunk in self._stream(track, request, context):
@@ -543,14 +529,16 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         accepted = duplicates = 0
         touched: list[int] = []
         async for msg in request_iterator:
-            new = self.manager.stage_segment(msg, source="push")  # WeightError: mapped by the server
+            slot = self.jobs.get(msg.job_id)  # an attached job's segment goes to its own staging
+            manager = slot.manager if slot is not None else self.manager
+            new = manager.stage_segment(msg, source="push")  # WeightError: mapped by the server
             if new:
                 accepted += 1
             else:
                 duplicates += 1
             if msg.version not in touched:
                 touched.append(msg.version)
-        staged = [s for v in touched for s in self.manager.staged(v)]
+        staged = [s for v in touched for s in manager.staged(v)] if touched else []
         return actor_pb2.StageDeltaResponse(staged=staged, accepted=accepted, duplicates=duplicates)
 
     async def GetStaging(self, request: actor_pb2.GetStagingRequest, context: aio.ServicerContext):
@@ -566,16 +554,20 @@ class ActorService(actor_pb2_grpc.ActorServicer):
         order = request.order
         if order.actor_ids and self.actor_id not in order.actor_ids:
             raise errors.FailedPrecondition(f"the order is for {list(order.actor_ids)}, not {self.actor_id}")
+        job = "" if request.job_id in ("", self.cfg.job_id) else request.job_id
+        if job and job not in self.jobs:
+            raise errors.NotFound(f"job_id {job!r}: not attached to this actor")
         if request.no_wait:
-            self._spawn(self._commit(order))
+            self._spawn(self._commit(order, job))
             return actor_pb2.ActorCommitResponse()
-        result, duplicate = await self._commit(order)
+        result, duplicate = await self._commit(order, job)
         return actor_pb2.ActorCommitResponse(result=result, duplicate=duplicate)
 
-    async def _commit(self, order: common_pb2.CommitOrder) -> tuple[actor_pb2.WeightUpdateResult, bool]:
+    async def _commit(self, order: common_pb2.CommitOrder, job: str = "") -> tuple[actor_pb2.WeightUpdateResult, bool]:
         """Apply an order (the manager gathers missing deltas from the relay when one is followed)."""
-        assert self.manager is not None
-        outcome, duplicate = await self.manager.commit(order)
+        manager = self.jobs[job].manager if job else self.manager
+        assert manager is not None
+        outcome, duplicate = await manager.commit(order)
         if outcome.error is not None:
             raise outcome.error
         return outcome.result, duplicate
@@ -609,6 +601,12 @@ class ActorService(actor_pb2_grpc.ActorServicer):
 
     async def ResetPrefixCache(self, request: actor_pb2.ResetPrefixCacheRequest, context: aio.ServicerContext):
         return actor_pb2.ResetPrefixCacheResponse(reset=await self.engine.reset_prefix_cache())
+
+    async def AttachJob(self, request: actor_pb2.AttachJobRequest, context: aio.ServicerContext):
+        return await job_slots.attach(self, request)
+
+    async def DetachJob(self, request: actor_pb2.DetachJobRequest, context: aio.ServicerContext):
+        return await job_slots.detach(self, request)
 
     async def SetWeightSource(self, request: actor_pb2.SetWeightSourceRequest, context: aio.ServicerContext):
         src = request.source
@@ -710,6 +708,8 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             draining=self.draining,
         )
         st.started_at.CopyFrom(_ts(e.started_at))
+        for name, slot in self.jobs.items():
+            st.job_weights[name].CopyFrom(slot.weight_state())
         if self.manager is not None and self.manager.last_update is not None:
             st.last_update.CopyFrom(self.manager.last_update)
         if request.include_requests:

@@ -168,13 +168,15 @@ class WeightManager:
         job: str,
         max_staged_versions: int = 8,
         commit_timeout: float = 60.0,
+        gauge: bool = True,
     ) -> None:
         self.host = host
         self.staging = VersionStaging(key=key, job=job, max_versions=max_staged_versions, fits=host.check_delta)
         self.engine = engine
         self.work_dir = Path(work_dir)
         self.commit_timeout = commit_timeout  # how long a commit waits for a relay's deltas
-        WEIGHT_VERSION.set_function(lambda: self.host.version)  # read at each scrape: never stale
+        if gauge:  # the actor's own job (an attached job's manager leaves it alone)
+            WEIGHT_VERSION.set_function(lambda: self.host.version)  # read at each scrape: never stale
         self.lock = asyncio.Lock()
         self.orders: collections.OrderedDict[str, Outcome] = collections.OrderedDict()
         self.last_update: actor_pb2.WeightUpdateResult | None = None

