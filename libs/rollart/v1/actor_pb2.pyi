@@ -344,7 +344,7 @@ class ActorRequestInfo(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class ActorStatus(_message.Message):
-    __slots__ = ("actor_id", "model", "engine", "endpoint", "pool", "region", "hardware", "pd_role", "ready", "weights", "weight_source", "pause", "running_requests", "waiting_requests", "in_flight_trajectories", "tokens_per_s", "generated_tokens_total", "prompt_tokens_total", "kv_cache_usage", "prefix_cache_hit_rate", "max_model_len", "requests", "last_update", "started_at", "last_update_error", "draining", "job_weights")
+    __slots__ = ("actor_id", "model", "engine", "endpoint", "pool", "region", "hardware", "pd_role", "ready", "weights", "weight_source", "pause", "running_requests", "waiting_requests", "in_flight_trajectories", "tokens_per_s", "generated_tokens_total", "prompt_tokens_total", "kv_cache_usage", "prefix_cache_hit_rate", "max_model_len", "requests", "last_update", "started_at", "last_update_error", "draining", "job_weights", "job_id")
     class JobWeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -379,6 +379,7 @@ class ActorStatus(_message.Message):
     LAST_UPDATE_ERROR_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     JOB_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     model: str
     engine: str
@@ -406,4 +407,5 @@ class ActorStatus(_message.Message):
     last_update_error: str
     draining: bool
     job_weights: _containers.MessageMap[str, _common_pb2.ActorWeightState]
-    def __init__(self, actor_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., region: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., pd_role: _Optional[_Union[_common_pb2.PdRole, str]] = ..., ready: _Optional[bool] = ..., weights: _Optional[_Union[_common_pb2.ActorWeightState, _Mapping]] = ..., weight_source: _Optional[_Union[WeightSource, _Mapping]] = ..., pause: _Optional[_Union[ActorPauseState, _Mapping]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., in_flight_trajectories: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., generated_tokens_total: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., max_model_len: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[ActorRequestInfo, _Mapping]]] = ..., last_update: _Optional[_Union[WeightUpdateResult, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_update_error: _Optional[str] = ..., draining: _Optional[bool] = ..., job_weights: _Optional[_Mapping[str, _common_pb2.ActorWeightState]] = ...) -> None: ...
+    job_id: str
+    def __init__(self, actor_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., region: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., pd_role: _Optional[_Union[_common_pb2.PdRole, str]] = ..., ready: _Optional[bool] = ..., weights: _Optional[_Union[_common_pb2.ActorWeightState, _Mapping]] = ..., weight_source: _Optional[_Union[WeightSource, _Mapping]] = ..., pause: _Optional[_Union[ActorPauseState, _Mapping]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., in_flight_trajectories: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., generated_tokens_total: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., max_model_len: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[ActorRequestInfo, _Mapping]]] = ..., last_update: _Optional[_Union[WeightUpdateResult, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_update_error: _Optional[str] = ..., draining: _Optional[bool] = ..., job_weights: _Optional[_Mapping[str, _common_pb2.ActorWeightState]] = ..., job_id: _Optional[str] = ...) -> None: ...

@@ -48,7 +48,7 @@ ACTOR_SOURCE_BINDING: ActorSource
 ACTOR_SOURCE_STATIC: ActorSource
 
 class TrajectoryGenerateRequest(_message.Message):
-    __slots__ = ("trajectory_id", "request_id", "turn", "task", "input", "sampling", "deadline", "preferred_actor_id", "min_version", "lease_id", "return_text", "chunk_tokens")
+    __slots__ = ("trajectory_id", "request_id", "turn", "task", "input", "sampling", "deadline", "preferred_actor_id", "min_version", "lease_id", "return_text", "chunk_tokens", "job_id")
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TURN_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class TrajectoryGenerateRequest(_message.Message):
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     RETURN_TEXT_FIELD_NUMBER: _ClassVar[int]
     CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     request_id: str
     turn: int
@@ -73,7 +74,8 @@ class TrajectoryGenerateRequest(_message.Message):
     lease_id: str
     return_text: bool
     chunk_tokens: int
-    def __init__(self, trajectory_id: _Optional[str] = ..., request_id: _Optional[str] = ..., turn: _Optional[int] = ..., task: _Optional[str] = ..., input: _Optional[_Union[_common_pb2.ModelInput, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., preferred_actor_id: _Optional[str] = ..., min_version: _Optional[int] = ..., lease_id: _Optional[str] = ..., return_text: _Optional[bool] = ..., chunk_tokens: _Optional[int] = ...) -> None: ...
+    job_id: str
+    def __init__(self, trajectory_id: _Optional[str] = ..., request_id: _Optional[str] = ..., turn: _Optional[int] = ..., task: _Optional[str] = ..., input: _Optional[_Union[_common_pb2.ModelInput, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., preferred_actor_id: _Optional[str] = ..., min_version: _Optional[int] = ..., lease_id: _Optional[str] = ..., return_text: _Optional[bool] = ..., chunk_tokens: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class RouteInfo(_message.Message):
     __slots__ = ("actor_id", "actor_endpoint", "pool", "reason", "prefill_actor_id", "actor_version", "admission_wait")
@@ -110,18 +112,22 @@ class ProxyTokenizeRequest(_message.Message):
     def __init__(self, task: _Optional[str] = ..., request: _Optional[_Union[_common_pb2.TokenizeRequest, _Mapping]] = ...) -> None: ...
 
 class SuspendRequest(_message.Message):
-    __slots__ = ("reason", "step")
+    __slots__ = ("reason", "step", "job_id")
     REASON_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     reason: str
     step: int
-    def __init__(self, reason: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+    job_id: str
+    def __init__(self, reason: _Optional[str] = ..., step: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class ResumeRequest(_message.Message):
-    __slots__ = ("step",)
+    __slots__ = ("step", "job_id")
     STEP_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     step: int
-    def __init__(self, step: _Optional[int] = ...) -> None: ...
+    job_id: str
+    def __init__(self, step: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class AdmissionState(_message.Message):
     __slots__ = ("suspended", "since", "reason", "waiting_requests", "in_flight_requests", "released", "suspended_for")
@@ -166,13 +172,22 @@ class VersionWindow(_message.Message):
     def __init__(self, min_version: _Optional[int] = ..., max_version: _Optional[int] = ...) -> None: ...
 
 class SetVersionWindowRequest(_message.Message):
-    __slots__ = ("window",)
+    __slots__ = ("window", "job_id")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     window: VersionWindow
-    def __init__(self, window: _Optional[_Union[VersionWindow, _Mapping]] = ...) -> None: ...
+    job_id: str
+    def __init__(self, window: _Optional[_Union[VersionWindow, _Mapping]] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class ProxyActor(_message.Message):
-    __slots__ = ("actor_id", "endpoint", "pool", "region", "hardware", "pd_role", "state", "source", "binding_id", "active_version", "outstanding_requests", "outstanding_tokens", "sticky_trajectories", "tokens_per_s", "step_allocation", "last_error", "last_ok", "model", "ready", "version_known")
+    __slots__ = ("actor_id", "endpoint", "pool", "region", "hardware", "pd_role", "state", "source", "binding_id", "active_version", "outstanding_requests", "outstanding_tokens", "sticky_trajectories", "tokens_per_s", "step_allocation", "last_error", "last_ok", "model", "ready", "version_known", "job_id", "job_versions")
+    class JobVersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +208,8 @@ class ProxyActor(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     VERSION_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     endpoint: str
     pool: str
@@ -213,7 +230,9 @@ class ProxyActor(_message.Message):
     model: str
     ready: bool
     version_known: bool
-    def __init__(self, actor_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., region: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., pd_role: _Optional[_Union[_common_pb2.PdRole, str]] = ..., state: _Optional[_Union[ProxyActorState, str]] = ..., source: _Optional[_Union[ActorSource, str]] = ..., binding_id: _Optional[str] = ..., active_version: _Optional[int] = ..., outstanding_requests: _Optional[int] = ..., outstanding_tokens: _Optional[int] = ..., sticky_trajectories: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., step_allocation: _Optional[int] = ..., last_error: _Optional[str] = ..., last_ok: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., model: _Optional[str] = ..., ready: _Optional[bool] = ..., version_known: _Optional[bool] = ...) -> None: ...
+    job_id: str
+    job_versions: _containers.ScalarMap[str, int]
+    def __init__(self, actor_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ..., region: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., pd_role: _Optional[_Union[_common_pb2.PdRole, str]] = ..., state: _Optional[_Union[ProxyActorState, str]] = ..., source: _Optional[_Union[ActorSource, str]] = ..., binding_id: _Optional[str] = ..., active_version: _Optional[int] = ..., outstanding_requests: _Optional[int] = ..., outstanding_tokens: _Optional[int] = ..., sticky_trajectories: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., step_allocation: _Optional[int] = ..., last_error: _Optional[str] = ..., last_ok: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., model: _Optional[str] = ..., ready: _Optional[bool] = ..., version_known: _Optional[bool] = ..., job_id: _Optional[str] = ..., job_versions: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ListProxyActorsRequest(_message.Message):
     __slots__ = ("pool",)

@@ -708,6 +708,7 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             draining=self.draining,
         )
         st.started_at.CopyFrom(_ts(e.started_at))
+        st.job_id = self.cfg.job_id
         for name, slot in self.jobs.items():
             st.job_weights[name].CopyFrom(slot.weight_state())
         if self.manager is not None and self.manager.last_update is not None:

@@ -286,7 +286,7 @@ class ActorTable:
             return
         if client is not self.clients.get(entry.actor_id):
             return  # the endpoint changed meanwhile
-        before = (entry.routable(), entry.active_version, entry.version_known)
+        before = (entry.routable(), entry.active_version, entry.version_known, dict(entry.job_versions))
         entry.ready = st.ready
         entry.failures = 0
         entry.failing_since = 0.0
@@ -296,6 +296,9 @@ class ActorTable:
             log.info("actor healthy again", extra=log_fields(actor_id=entry.actor_id))
         if st.weights.loaded:
             entry.observe_version(st.weights.active_version)
+        entry.job_id = st.job_id
+        # Attached jobs: a job whose first adapter is not loaded yet is not served (its turns go elsewhere).
+        entry.job_versions = {j: w.active_version for j, w in st.job_weights.items() if w.loaded}
         entry.model = st.model or entry.model
         entry.max_model_len = st.max_model_len or entry.max_model_len
         entry.tokens_per_s = st.tokens_per_s
@@ -307,7 +310,7 @@ class ActorTable:
         if not entry.hardware.ByteSize() and st.hardware.ByteSize():
             entry.hardware.CopyFrom(st.hardware)
         self._export(entry)
-        if before != (entry.routable(), entry.active_version, entry.version_known):
+        if before != (entry.routable(), entry.active_version, entry.version_known, entry.job_versions):
             self.changed()
 
     def _status_failed(self, entry: ActorEntry, exc: aio.AioRpcError, sent: float | None = None) -> None:
@@ -404,11 +407,15 @@ class ActorTable:
     def pd_routing(self) -> pp.PdRouting:
         return pp.PdRouting(pools=list(self.router.pd.values()))
 
-    def set_window(self, window: pp.VersionWindow) -> pp.VersionWindow:
+    def set_window(self, window: pp.VersionWindow, job: str = "") -> pp.VersionWindow:
         validators.version_window(window)
-        self.router.window = pp.VersionWindow(min_version=window.min_version, max_version=window.max_version)
+        new = pp.VersionWindow(min_version=window.min_version, max_version=window.max_version)
+        if job:
+            self.router.job_windows[job] = new
+        else:
+            self.router.window = new
         self.changed()
-        return self.router.window
+        return new
 
     # ---------------------------------------------------------------------------------------------- views
 
@@ -433,6 +440,8 @@ class ActorTable:
             model=a.model,
             ready=a.ready,
             version_known=a.version_known,
+            job_id=a.job_id,
+            job_versions=a.job_versions,
         )
         if a.last_ok:
             out.last_ok.CopyFrom(_ts(a.last_ok))

@@ -77,6 +77,7 @@ class Proxy(ActorTable):
         super().__init__(cfg)
         self.by_trajectory: dict[str, set[Turn]] = {}
         self.gate = AdmissionGate(cfg.max_waiting_requests)
+        self.job_gates: dict[str, AdmissionGate] = {}  # several jobs on one fleet: each trainer suspends its own
         self.tokenizer = LocalTokenizer(cfg.tokenizer_dir) if cfg.tokenizer_dir else None
         self.tracer = _tracer("rollart.client")
         # Request ids the proxy makes up: unique per process (prefix) and per turn (counter), no uuid per turn.
@@ -98,8 +99,15 @@ class Proxy(ActorTable):
 
     # ------------------------------------------------------------------------------------------ admission
 
-    def admission_state(self) -> pp.AdmissionState:
-        g = self.gate
+    def _gate(self, job: str) -> AdmissionGate:
+        if not job:
+            return self.gate
+        if job not in self.job_gates:
+            self.job_gates[job] = AdmissionGate(self.cfg.max_waiting_requests)
+        return self.job_gates[job]
+
+    def admission_state(self, job: str = "") -> pp.AdmissionState:
+        g = self._gate(job)
         out = pp.AdmissionState(
             suspended=g.suspended,
             reason=g.reason,
@@ -110,18 +118,21 @@ class Proxy(ActorTable):
             out.since.CopyFrom(_ts(g.since))
         return out
 
-    def suspend(self, reason: str, step: int) -> pp.AdmissionState:
-        if self.gate.suspend(reason, step):
-            log.info("suspended", extra=log_fields(reason=reason, step=step))
-        metrics.SUSPENDED.set(1)
-        return self.admission_state()
+    def suspend(self, reason: str, step: int, job: str = "") -> pp.AdmissionState:
+        """Turns (of ``job`` only, when named) wait for Resume; turns in flight go on."""
+        if self._gate(job).suspend(reason, step):
+            log.info("suspended", extra=log_fields(reason=reason, step=step, job=job))
+        if not job:
+            metrics.SUSPENDED.set(1)
+        return self.admission_state(job)
 
-    def resume(self) -> pp.AdmissionState:
-        released, lasted = self.gate.resume()
-        metrics.SUSPENDED.set(0)
+    def resume(self, job: str = "") -> pp.AdmissionState:
+        released, lasted = self._gate(job).resume()
+        if not job:
+            metrics.SUSPENDED.set(0)
         if lasted:
-            log.info("resumed", extra=log_fields(released=released, suspended_s=round(lasted, 4)))
-        out = self.admission_state()
+            log.info("resumed", extra=log_fields(released=released, suspended_s=round(lasted, 4), job=job))
+        out = self.admission_state(job)
         out.released = released
         out.suspended_for.CopyFrom(_dur(lasted))
         return out
@@ -298,10 +309,13 @@ class Proxy(ActorTable):
         self, turn: Turn, req: pp.TrajectoryGenerateRequest, deadline: float, received: float
     ) -> AsyncIterator[Forward | pp.TrajectoryGenerateResponse]:
         waited = 0.0
-        if self.gate.suspended:
+        job_gate = self.job_gates.get(req.job_id) if req.job_id else None
+        for gate in (self.gate, job_gate):  # every turn's gate, then its job's
+            if gate is None or not gate.suspended:
+                continue
             metrics.WAITERS.inc()
             try:
-                waited = await self.gate.admit(deadline, turn.abort_future)
+                waited += await gate.admit(deadline, turn.abort_future)
             except AdmissionTimeout as exc:
                 raise TurnError(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from None
             except AdmissionRefused as exc:
@@ -384,6 +398,7 @@ class Proxy(ActorTable):
                     preferred_actor_id=req.preferred_actor_id,
                     min_version=req.min_version,
                     exclude=exclude,
+                    job=req.job_id,
                 )
             except NoRoute as exc:
                 failed = last_failure.actor.actor_id if last_failure is not None else ""
@@ -441,12 +456,12 @@ class Proxy(ActorTable):
         attempt: int,
     ) -> AsyncIterator[Forward | pp.TrajectoryGenerateResponse]:
         actor = route.actor
-        lo, _hi = self.router.bounds(req.min_version)
+        lo, _hi = self.router.bounds(req.min_version, req.job_id)
         base_rid = turn.request_id if attempt == 0 else f"{turn.request_id}~r{attempt}"
         inp = req.input
         prefill: ActorEntry | None = None
         kv_params = ""
-        if route.pd is not None:
+        if route.pd is not None and not req.job_id:  # an attached job's turns run unified (PD is the own job's)
             ids = await self._tokens(actor, inp, deadline)
             if len(ids) >= route.pd.min_prompt_tokens:
                 prefill = self.router.choose_prefill(
@@ -483,6 +498,7 @@ class Proxy(ActorTable):
             chunk_tokens=req.chunk_tokens or self.cfg.chunk_tokens,
             pd_phase=actor_pb2.PD_PHASE_DECODE if prefill is not None else actor_pb2.PD_PHASE_FULL,
             kv_transfer_params_json=kv_params,
+            job_id=req.job_id,
         )
         info = pp.RouteInfo(
             actor_id=actor.actor_id,
@@ -490,7 +506,7 @@ class Proxy(ActorTable):
             pool=actor.pool,
             reason=route.reason,
             prefill_actor_id=prefill.actor_id if prefill is not None else "",
-            actor_version=actor.active_version,
+            actor_version=actor.version_of(req.job_id) or 0,
             admission_wait=_dur(waited),
         )
         self.router.stick(turn.trajectory_id, actor.actor_id, prefill.actor_id if prefill is not None else "")
@@ -592,8 +608,8 @@ class Proxy(ActorTable):
                 prompt_left = 0  # the first chunk means the prompt is prefilled
                 gen_left -= min(n, gen_left)
                 actor.outstanding_tokens -= delta
-                if chunk.versions and chunk.versions[-1] > actor.active_version:
-                    actor.observe_version(chunk.versions[-1])
+                if chunk.versions and chunk.versions[-1] > (actor.version_of(areq.job_id) or 0):
+                    actor.observe_version(chunk.versions[-1], areq.job_id)
                 if not prefill:
                     turn.streamed += n
                     tokens_metric.inc(n)

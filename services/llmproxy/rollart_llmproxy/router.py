@@ -56,6 +56,7 @@ PREFILL_HEAVY, DECODE_HEAVY, UNCLASSIFIED = "prefill-heavy", "decode-heavy", "un
 PROFILE_KIND = {PREFILL_HEAVY: PK.POOL_KIND_GPU_COMPUTE, DECODE_HEAVY: PK.POOL_KIND_GPU_BANDWIDTH}
 MAX_PROFILES = 256  # tasks profiled at once (least recently routed forgotten first)
 RECENT_TRAJECTORIES = 4096  # per task: trajectory ids remembered to count trajectories
+_OPEN = pp.VersionWindow()  # a job's window before its trainer set one: any version
 
 
 class NoRoute(Exception):
@@ -99,6 +100,9 @@ class ActorEntry:
     removed: bool = False
     # The actor itself says it drains (a ledger Drain): its sticky trajectories continue, no new ones.
     self_draining: bool = False
+    # LoRA fleets shared by several jobs: its own job, and the active version of each job attached besides it.
+    job_id: str = ""
+    job_versions: dict[str, int] = field(default_factory=dict)
 
     @property
     def tags(self) -> set[str]:
@@ -107,11 +111,22 @@ class ActorEntry:
     def routable(self) -> bool:
         return self.state == HEALTHY and self.ready and not self.removed
 
-    def admits(self, lo: int, hi: int) -> bool:
-        return self.version_known and self.active_version >= lo and (hi <= 0 or self.active_version <= hi)
+    def version_of(self, job: str = "") -> int | None:
+        """The active version it serves ``job`` with (None: unknown, or it does not serve the job)."""
+        if job and job != self.job_id:
+            return self.job_versions.get(job)
+        return self.active_version if self.version_known else None
 
-    def observe_version(self, version: int) -> bool:
+    def admits(self, lo: int, hi: int, job: str = "") -> bool:
+        v = self.version_of(job)
+        return v is not None and v >= lo and (hi <= 0 or v <= hi)
+
+    def observe_version(self, version: int, job: str = "") -> bool:
         """Record an active version (from status or streamed tokens); True when it changed."""
+        if job and job != self.job_id:
+            changed = self.job_versions.get(job) != version
+            self.job_versions[job] = version
+            return changed
         if self.first_version_seen < 0:
             self.first_version_seen = version
         changed = not self.version_known or version != self.active_version
@@ -273,6 +288,7 @@ class Router:
         self.derived_rules: dict[str, Rule] = {}
         self.pd: dict[str, pp.PdPoolConfig] = {}
         self.window = pp.VersionWindow()
+        self.job_windows: dict[str, pp.VersionWindow] = {}  # per job named by turns (SetVersionWindow job_id)
         self.max_sticky = max_sticky
         # trajectory -> (actor id, prefill actor id or "")
         self.sticky: OrderedDict[str, tuple[str, str]] = OrderedDict()
@@ -446,12 +462,17 @@ class Router:
 
     # ------------------------------------------------------------------------------------------ routing
 
-    def bounds(self, min_version: int) -> tuple[int, int]:
-        lo = max(self.window.min_version, min_version, 0)
-        return lo, self.window.max_version
+    def window_of(self, job: str = "") -> pp.VersionWindow:
+        """The version window of ``job``'s turns (each job trains its own versions)."""
+        return self.window if not job else self.job_windows.get(job, _OPEN)
 
-    def usable(self, a: ActorEntry, lo: int, hi: int, exclude: frozenset[str] | set[str]) -> bool:
-        return a.routable() and a.admits(lo, hi) and a.actor_id not in exclude
+    def bounds(self, min_version: int, job: str = "") -> tuple[int, int]:
+        w = self.window_of(job)
+        lo = max(w.min_version, min_version, 0)
+        return lo, w.max_version
+
+    def usable(self, a: ActorEntry, lo: int, hi: int, exclude: frozenset[str] | set[str], job: str = "") -> bool:
+        return a.routable() and a.admits(lo, hi, job) and a.actor_id not in exclude
 
     def least_loaded(self, candidates: list[ActorEntry]) -> ActorEntry:
         best = min((a.outstanding_tokens, a.outstanding_requests) for a in candidates)
@@ -467,13 +488,15 @@ class Router:
         preferred_actor_id: str = "",
         min_version: int = 0,
         exclude: frozenset[str] | set[str] = frozenset(),
+        job: str = "",
     ) -> Route:
-        lo, hi = self.bounds(min_version)
+        """``job``: several LoRA jobs on one fleet; only actors serving it, at a version in its window, qualify."""
+        lo, hi = self.bounds(min_version, job)
         if hi > 0 and lo > hi:
             raise NoRoute(f"min_version {lo} is above the proxy's version window (max {hi})", retryable=False)
         rule = self.effective_rule(task, self.rule_for(task))
         actors = list(self.actors.values())
-        usable = [a for a in actors if self.usable(a, lo, hi, exclude) and self._serves_decode(a)]
+        usable = [a for a in actors if self.usable(a, lo, hi, exclude, job) and self._serves_decode(a)]
         in_scope = [a for a in usable if self.in_scope(rule, a)]
         # Actors that drain by themselves keep their sticky trajectories but take no new ones.
         fresh = [a for a in usable if not a.self_draining]
@@ -526,6 +549,8 @@ class Router:
             a = self.least_loaded(tier)
             self._count_fallback(task, trajectory_id, rule, "no usable actor in scope")
             return Route(a, pp.ROUTE_REASON_RETRY if retry else pp.ROUTE_REASON_FALLBACK, self._pd_of(a.pool))
+        if job and not any(a.version_of(job) is not None for a in actors):
+            raise NoRoute(f"no actor serves job {job!r} (it is not attached to any)", retryable=True)
         raise self._no_route(task, rule, lo, hi, exclude)
 
     def _no_route(self, task: str, rule: Rule | None, lo: int, hi: int, exclude) -> NoRoute:

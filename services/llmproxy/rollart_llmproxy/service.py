@@ -155,10 +155,11 @@ class LLMProxyService(lg.LLMProxyServicer):
 
     async def Suspend(self, request: pp.SuspendRequest, context: aio.ServicerContext) -> pp.AdmissionState:
         validators.suspend(request)
-        return self.p.suspend(request.reason, request.step)
+        return self.p.suspend(request.reason, request.step, request.job_id)
 
     async def Resume(self, request: pp.ResumeRequest, context: aio.ServicerContext) -> pp.AdmissionState:
-        return self.p.resume()
+        validators.job_id(request.job_id)
+        return self.p.resume(request.job_id)
 
     async def Abort(self, request: pp.ProxyAbortRequest, context: aio.ServicerContext) -> pp.ProxyAbortResponse:
         validators.abort(request)
@@ -167,7 +168,8 @@ class LLMProxyService(lg.LLMProxyServicer):
     async def SetVersionWindow(
         self, request: pp.SetVersionWindowRequest, context: aio.ServicerContext
     ) -> pp.VersionWindow:
-        return self.p.set_window(request.window)
+        validators.job_id(request.job_id)
+        return self.p.set_window(request.window, request.job_id)
 
     # ---------------------------------------------------------------------------------------- membership
 

@@ -33,6 +33,12 @@ def check_id(name: str, value: str, required: bool = True) -> None:
         raise TurnError(INVALID, exc.details(), field=name) from None
 
 
+def job_id(value: str) -> None:
+    """A job named by a turn, Suspend, Resume or SetVersionWindow: "" or a name (job ids are names)."""
+    if value and ids.name_problem(value):
+        raise TurnError(INVALID, f"job_id {ids.name_problem(value)}", field="job_id")
+
+
 def model_input(inp: common_pb2.ModelInput, where: str = "input") -> None:
     given = sum((bool(inp.token_ids), bool(inp.messages), bool(inp.text)))
     if given != 1:
@@ -63,6 +69,7 @@ def generate(req: pp.TrajectoryGenerateRequest) -> None:
     check_id("request_id", req.request_id, required=False)
     check_id("lease_id", req.lease_id, required=False)
     check_id("preferred_actor_id", req.preferred_actor_id, required=False)
+    job_id(req.job_id)
     if len(req.task) > MAX_ID:
         raise TurnError(INVALID, f"task must be at most {MAX_ID} characters", field="task")
     if not req.HasField("input"):
@@ -90,6 +97,7 @@ def tokenize(request: pp.ProxyTokenizeRequest) -> None:
 
 
 def suspend(request: pp.SuspendRequest) -> None:
+    job_id(request.job_id)
     if len(request.reason) > MAX_REASON_CHARS:
         raise TurnError(INVALID, f"reason is longer than {MAX_REASON_CHARS} characters", field="reason")
 

@@ -44,6 +44,7 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
         self.gate: asyncio.Event | None = None  # when set: tokens wait for it (a stalled engine)
         # When set: status polls and tokens wait for it (a stopped process: connections accepted, no answers).
         self.hung: asyncio.Event | None = None
+        self.job_versions: dict[str, int] = {}  # attached LoRA jobs -> their active version
 
     async def start(self, port: int = 0) -> "FakeActor":
         self.server = aio.server()
@@ -69,8 +70,11 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
         self.requests.append(request)
         self.metadata.append(dict(context.invocation_metadata() or ()))
         self.started.set()
-        if request.min_version and self.version < request.min_version:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"active version {self.version} < min")
+        if request.job_id and request.job_id not in self.job_versions:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"job {request.job_id!r} not attached")
+        version = self.job_versions[request.job_id] if request.job_id else self.version
+        if request.min_version and version < request.min_version:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"active version {version} < min")
         if request.request_id in self.active:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, "in flight")
         prompt = self.tokens_of(request.input)
@@ -85,7 +89,7 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
                     actor_id=self.actor_id,
                     token_ids=[7],
                     logprobs=[-0.5],
-                    versions=[self.version],
+                    versions=[version],
                     prompt_token_ids=prompt,
                     kv_transfer_params_json=params,
                     finish_reason=common_pb2.FINISH_REASON_LENGTH,
@@ -117,7 +121,7 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
                     offset=i,
                     token_ids=[tok],
                     logprobs=[-0.25],
-                    versions=[self.version],
+                    versions=[version],
                     text=f"w{tok} " if request.return_text else "",
                 )
                 if i == 0:
@@ -154,6 +158,10 @@ class FakeActor(actor_pb2_grpc.ActorServicer):
             ready=self.ready,
             pd_role=self.pd_role,
             weights=common_pb2.ActorWeightState(loaded=True, active_version=self.version),
+            job_id="own",
+            job_weights={
+                j: common_pb2.ActorWeightState(loaded=True, active_version=v) for j, v in self.job_versions.items()
+            },
             running_requests=len(self.active),
             tokens_per_s=100.0,
             max_model_len=4096,

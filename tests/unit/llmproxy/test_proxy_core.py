@@ -432,3 +432,46 @@ async def test_tokenize_on_a_hung_actor_moves_on_after_the_hang_bound(env):
     assert resp.token_ids and a1.tokenize_calls == 1
     assert time.monotonic() - t0 < conf.hung_after_seconds + 1.0
     a0.hung.set()
+
+
+# ------------------------------------------------------------------------------- several jobs on one fleet
+
+
+async def test_a_jobs_turns_go_to_the_actors_serving_it_and_carry_its_id(env):
+    p, (a0, a1) = await env(2)
+    a1.job_versions["job-b"] = 4
+    await p.poll_once(p.router.actors["a1"], p.clients["a1"])
+    assert p.router.actors["a1"].job_versions == {"job-b": 4} and p.router.actors["a1"].job_id == "own"
+    for i in range(3):
+        out, err = await run(p, turn(f"b{i}", job_id="job-b"))
+        assert err is None and out[0].route.actor_id == "a1" and out[0].route.actor_version == 4
+        assert {v for r in out for v in r.chunk.versions} == {4}
+    assert all(r.job_id == "job-b" for r in a1.requests) and not a0.requests
+    listed = {a.actor_id: a for a in p.list_actors()}
+    assert dict(listed["a1"].job_versions) == {"job-b": 4}
+    # A job no actor serves: no route (after the short route wait).
+    out, err = await run(p, turn("c", job_id="job-c"))
+    assert err is not None and "job-c" in err.details()
+
+
+async def test_suspending_one_job_holds_its_turns_only(env):
+    p, (a0,) = await env(1)
+    a0.job_versions["job-b"] = 1
+    await p.poll_once(p.router.actors["a0"], p.clients["a0"])
+    state = p.suspend("update", 3, job="job-b")
+    assert state.suspended and not p.admission_state().suspended
+    held = asyncio.create_task(run(p, turn("b", job_id="job-b")))
+    out, err = await run(p, turn("own"))  # the other job goes on
+    assert err is None and tokens(out)
+    await asyncio.sleep(0.1)
+    assert not held.done()
+    assert p.resume(job="job-b").released == 1
+    out, err = await asyncio.wait_for(held, 5)
+    assert err is None and out[0].route.admission_wait.ToNanoseconds() > 0
+
+
+async def test_a_bad_job_id_is_refused_naming_the_field(env):
+    p, _ = await env(1)
+    out, err = await run(p, turn("t", job_id="no spaces allowed"))
+    assert err is not None and err.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert ("rollart-field", "job_id") in list(err.trailing)

@@ -408,3 +408,36 @@ def test_auto_sends_a_prefill_heavy_task_through_a_compute_to_bandwidth_pd_split
     assert r.choose_prefill("y", route.pd, 0, 0, set()) is c
     r.pd = {"h20": pp.PdPoolConfig(pool="h20", enabled=True, prefill_actor_ids=["b"])}  # not compute-kind prefill
     assert r.route(trajectory_id="z", task="swe").actor is c
+
+
+# ------------------------------------------------------------------------------- several jobs on one fleet
+
+
+def test_a_jobs_turn_goes_only_to_actors_serving_it_at_a_version_in_its_window():
+    r = Router()
+    a = actor(r, "a", version=3, job_id="own")
+    b = actor(r, "b", version=3, job_id="own")
+    a.observe_version(7, "job-b")  # job-b attached to a only
+    assert a.version_of("job-b") == 7 and b.version_of("job-b") is None
+    assert a.version_of("own") == a.version_of("") == 3
+    for i in range(4):
+        assert r.route(trajectory_id=f"t{i}", task="x", job="job-b").actor is a
+    b.observe_version(5, "job-b")
+    r.job_windows["job-b"] = pp.VersionWindow(min_version=6)  # job-b's trainer needs >= 6: b (on 5) is out
+    assert {r.route(trajectory_id=f"u{i}", task="x", job="job-b").actor.actor_id for i in range(4)} == {"a"}
+    # The own job's window is not job-b's: its turns still go to both.
+    assert {r.route(trajectory_id=f"v{i}", task="x", min_version=3).actor.actor_id for i in range(4)} == {"a", "b"}
+    with pytest.raises(NoRoute) as err:
+        r.route(trajectory_id="w", task="x", job="job-c")
+    assert err.value.retryable and "no actor serves job 'job-c'" in str(err.value)
+
+
+def test_a_sticky_actor_that_dropped_the_job_is_left():
+    r = Router()
+    a, b = actor(r, "a"), actor(r, "b")
+    a.observe_version(1, "j")
+    b.observe_version(1, "j")
+    first = r.route(trajectory_id="t", task="x", job="j").actor
+    r.stick("t", first.actor_id)
+    first.job_versions.pop("j")  # detached (its status no longer lists the job)
+    assert r.route(trajectory_id="t", task="x", job="j").actor is not first
