@@ -39,6 +39,8 @@ class EnvManagerConfig(ServiceConfig):
     ledger: str | None = None
     llmproxy: str | None = None
     reward: str | None = None
+    # Several LoRA jobs on one fleet: the job its turns name to the LLMProxy (its adapter; "": actors' own job).
+    llmproxy_job_id: str = ""
     # Most loops this process hosts at once (over all groups).
     max_loops: int = Field(4096, ge=1)
     # Threads that run blocking environment and sandbox calls (reset, step, close, sandbox start).
@@ -84,6 +86,14 @@ class EnvManagerConfig(ServiceConfig):
         why = ids.id_problem(value) if value else None
         if why:
             raise ValueError(f"manager_id {why}")
+        return value
+
+    @field_validator("llmproxy_job_id")
+    @classmethod
+    def _job(cls, value: str) -> str:
+        why = ids.name_problem(value) if value else None
+        if why:
+            raise ValueError(f"llmproxy_job_id {why}")
         return value
 
     @field_validator("ledger", "llmproxy", "reward")

@@ -330,6 +330,7 @@ class EpisodeContext:
             preferred_actor_id=spec.preferred_actor,
             lease_id=ep.lease_id,
             return_text=True,
+            job_id=self.cfg.llmproxy_job_id,
         )
         t0 = time.monotonic()
         call = generate(req, timeout=timeout, metadata=self.peers.llmproxy.metadata())

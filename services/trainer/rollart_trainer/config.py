@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from rollart.runtime import ports
+from rollart.runtime import ids, ports
 from rollart.runtime.config import WeightPlaneConfig, _check_address
 
 
@@ -34,6 +34,8 @@ class TrainerConfig(WeightPlaneConfig):
     # Peers used when the job spec leaves them empty.
     ledger: str | None = None
     llmproxy: str | None = None
+    # Several LoRA jobs on one fleet: the job named on the LLMProxy's Suspend/Resume ("": every turn waits).
+    llmproxy_job_id: str = ""
     relays: list[str] = []
     # Relay gRPC endpoint -> the data endpoint to push deltas to, where the one a relay announces is not the way
     # to reach it (a region's link forwarder, docs/regions.md); a relay not named here is asked (GetStatus).
@@ -57,6 +59,14 @@ class TrainerConfig(WeightPlaneConfig):
     @classmethod
     def _peer_addr(cls, value: str | None) -> str | None:
         return None if value in (None, "") else _check_address(value)
+
+    @field_validator("llmproxy_job_id")
+    @classmethod
+    def _job(cls, value: str) -> str:
+        why = ids.name_problem(value) if value else None
+        if why:
+            raise ValueError(f"llmproxy_job_id {why}")
+        return value
 
     @field_validator("relays")
     @classmethod

@@ -168,7 +168,9 @@ class JobRunner:
     async def _cleanup(self) -> None:
         if self._suspended and self.peers is not None and self.peers.proxy is not None:
             with contextlib.suppress(Exception):
-                await self.peers.proxy.Resume(llmproxy_pb2.ResumeRequest(step=self.job.current_step), timeout=5)
+                await self.peers.proxy.Resume(
+                    llmproxy_pb2.ResumeRequest(step=self.job.current_step, job_id=self.cfg.llmproxy_job_id), timeout=5
+                )
             self._suspended = False
         await self.publication.stop()
         if self.updater is not None:
@@ -458,14 +460,19 @@ class JobRunner:
         assert self.peers is not None
         if self.peers.proxy is None:
             return
-        await self._proxy_call(self.peers.proxy.Suspend, llmproxy_pb2.SuspendRequest(reason="update", step=s))
+        await self._proxy_call(
+            self.peers.proxy.Suspend,
+            llmproxy_pb2.SuspendRequest(reason="update", step=s, job_id=self.cfg.llmproxy_job_id),
+        )
         self._suspended = True
 
     async def _resume(self, s: int) -> None:
         assert self.peers is not None
         if self.peers.proxy is None or not self._suspended:
             return
-        await self._proxy_call(self.peers.proxy.Resume, llmproxy_pb2.ResumeRequest(step=s))
+        await self._proxy_call(
+            self.peers.proxy.Resume, llmproxy_pb2.ResumeRequest(step=s, job_id=self.cfg.llmproxy_job_id)
+        )
         self._suspended = False
 
     async def _proxy_call(self, method: Callable[..., Any], request: Any) -> Any:
