@@ -43,6 +43,7 @@ from rollart.v1 import (
 from . import task_checks
 from .evaluation import RunValidation
 from .final_state import final_state
+from .fleet import JOB_SERVICES, Fleet
 from .loops import LoopKeeper
 from .metrics import read_records, task_rewards, time_to_score
 from .plots import plot_rewards
@@ -117,6 +118,8 @@ class RunOptions:
     actor_pools: list[ActorPool] = field(default_factory=list)
     # cluster.regions: services placed in regions joined by emulated links (None: one loopback region).
     regions: Regions | None = None
+    # --fleet RUN_DIR: a LoRA job on the actors and LLMProxy of that running cluster (fleet.py).
+    fleet: Path | None = None
 
 
 def _section(data: dict[str, Any], name: str) -> dict[str, Any]:
@@ -137,6 +140,7 @@ def actor_lora_env(lora: T.LoraConfig, base_hash: str) -> dict[str, str]:
 class Runner:
     def __init__(self, opts: RunOptions, data: dict[str, Any], log: TextIO = sys.stderr) -> None:
         self.opts = opts
+        self.fleet: Fleet | None = None  # --fleet: the running cluster whose actors this job shares
         self.data = data
         self.log = log
         self.spec = job_spec(_section(data, "job"))
@@ -172,6 +176,10 @@ class Runner:
 
     def setup(self) -> None:
         out = self.opts.out_dir
+        if self.opts.fleet is not None:  # checked before anything is built or started
+            if not self.spec.HasField("lora"):
+                raise SpecError("--fleet: only LoRA jobs (model.lora) share a fleet's actors")
+            self.fleet = Fleet(self.opts.fleet)
         self.instance_pools = actor_instance_pools(_section(self.data, "cluster"), self.opts)
         if self.tasks:  # before anything is built or started
             check_affinity_pools(self.tasks, {pool for pool, _ in self.instance_pools.values()})
@@ -217,6 +225,12 @@ class Runner:
         for name, extra in local.pool_instances("actor", pools).items():  # each actor its pool, kind and CPUs
             overrides.setdefault(name, {}).update(extra)
         replicas = {"actor": self.opts.actors}
+        only = None
+        if self.fleet is not None:  # no actors, no LLMProxy of its own: the fleet's, naming this job
+            self.fleet.adopt_token(self.state_dir)
+            only = JOB_SERVICES
+            for name, extra in self.fleet.service_env(spec.job_id).items():
+                overrides.setdefault(name, {}).update(extra)
         if self.tasks:
             # envmanager, envmanager-2, ...: as many instances as the tasks name
             replicas["envmanager"] = max(instance_number(t.envmanager) for t in self.tasks)
@@ -226,6 +240,7 @@ class Runner:
         try:
             self.state = local.up(
                 self.state_dir,
+                only=only,
                 replicas=replicas,
                 env_overrides=overrides,
                 log=lambda line: self.say("  " + line),
@@ -240,11 +255,12 @@ class Runner:
                     os.environ[k] = v
         self.token = Path(self.state["token_file"]).read_text().strip()
         svc = self.state["services"]
-        for needed in ("ledger", "relay", "trainer", "llmproxy", "envmanager", "actor"):
+        for needed in ("ledger", "relay", "trainer", "envmanager", *(("llmproxy", "actor") if not self.fleet else ())):
             if needed not in svc:
                 raise ProcessError(f"{needed} did not start (is it installed? run `make setup`)")
         spec.endpoints.ledger = spec.endpoints.ledger or svc["ledger"]["address"]
-        spec.endpoints.llmproxy = spec.endpoints.llmproxy or svc["llmproxy"]["address"]
+        proxy = self.fleet.llmproxy if self.fleet else svc["llmproxy"]["address"]
+        spec.endpoints.llmproxy = spec.endpoints.llmproxy or proxy
         if not spec.publish.relay_endpoints:
             spec.publish.relay_endpoints.append(svc["relay"]["address"])
         if self.opts.regions is not None:  # the trainer reaches peers in other regions through its links
@@ -292,6 +308,11 @@ class Runner:
             self.say(f"job              {job.spec.job_id}: {T.TrainerJobState.Name(job.state)}")
         finally:
             await ch.close()
+        if self.fleet is not None:
+            key = local.job_key(self.state_dir).read_bytes().strip()
+            await self.fleet.attach(self.spec, key, self.state)
+            self.say(f"fleet            job attached to {', '.join(self.fleet.attached)}; loading its adapter")
+            await self.fleet.wait_loaded(self.spec.job_id)
         if self.tasks:
             await self._set_affinity()
             self.loops_requests = [
@@ -475,6 +496,8 @@ class Runner:
                     )
                 self.job = job
             await ch.close()
+        if self.fleet is not None:
+            await self.fleet.detach(self.spec.job_id)
         self.final = await final_state(self.state.get("services", {}), self.token)
 
     async def main(self) -> int:
@@ -685,6 +708,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         min_improvement=args.min_improvement or 0.0,
         quiet=args.quiet,
         overrides=list(args.set or []),
+        fleet=Path(args.fleet) if args.fleet else None,
     )
     if args.actors:
         opts.actors = args.actors
@@ -706,6 +730,7 @@ def add_subparsers(sub: Any) -> None:
         "--min-improvement", type=float, help="exit 1 unless reward(last 10 steps) >= this x reward(first 10)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--fleet", help="a LoRA job on the actors of the cluster running in this run folder (docs/lora.md)")
     p.add_argument(
         "--set",
         action="append",

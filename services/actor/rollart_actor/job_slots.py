@@ -292,12 +292,13 @@ async def attach(actor: Any, req: actor_pb2.AttachJobRequest) -> actor_pb2.Attac
         if slot.spec != spec:
             raise WeightError("ALREADY_EXISTS", f"job {spec.job_id!r} is attached with other settings: detach it first")
         return actor_pb2.AttachJobResponse(weights=slot.weight_state(), attached=False)
-    held = 2 * (len(actor.jobs) + 2)  # each job's active version and one that requests in flight still use
-    if held > actor.cfg.lora.max_loras:
+    jobs = len(actor.jobs) + 2  # with the own job and this one
+    if jobs > actor.cfg.lora.max_loras:  # each job's active version must fit one batch (requests in flight on an
+        # older version wait for a free adapter slot in vLLM's scheduler: slower, not wrong)
         raise WeightError(
             "FAILED_PRECONDITION",
-            f"{len(actor.jobs) + 2} jobs need {held} adapters in the engine; it holds {actor.cfg.lora.max_loras} "
-            "(model.lora.max_loras)",
+            f"{jobs} jobs need {jobs} adapters in one batch; the engine holds {actor.cfg.lora.max_loras} "
+            "(the actor's lora.max_loras)",
         )
     from .host_weights import load_weight_files
 
