@@ -309,13 +309,12 @@ class Proxy(ActorTable):
         self, turn: Turn, req: pp.TrajectoryGenerateRequest, deadline: float, received: float
     ) -> AsyncIterator[Forward | pp.TrajectoryGenerateResponse]:
         waited = 0.0
-        job_gate = self.job_gates.get(req.job_id) if req.job_id else None
-        for gate in (self.gate, job_gate):  # every turn's gate, then its job's
-            if gate is None or not gate.suspended:
-                continue
+        # A turn waits on its job's gate only: one job's update never holds another job's turns on a shared fleet.
+        gate = self.job_gates.get(req.job_id) if req.job_id else self.gate
+        if gate is not None and gate.suspended:
             metrics.WAITERS.inc()
             try:
-                waited += await gate.admit(deadline, turn.abort_future)
+                waited = await gate.admit(deadline, turn.abort_future)
             except AdmissionTimeout as exc:
                 raise TurnError(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from None
             except AdmissionRefused as exc:

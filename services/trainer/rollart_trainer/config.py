@@ -34,7 +34,7 @@ class TrainerConfig(WeightPlaneConfig):
     # Peers used when the job spec leaves them empty.
     ledger: str | None = None
     llmproxy: str | None = None
-    # Several LoRA jobs on one fleet: the job named on the LLMProxy's Suspend/Resume ("": every turn waits).
+    # Several LoRA jobs on one fleet: the job named on the LLMProxy's Suspend/Resume ("": turns naming no job).
     llmproxy_job_id: str = ""
     relays: list[str] = []
     # Relay gRPC endpoint -> the data endpoint to push deltas to, where the one a relay announces is not the way

@@ -468,6 +468,11 @@ async def test_suspending_one_job_holds_its_turns_only(env):
     assert p.resume(job="job-b").released == 1
     out, err = await asyncio.wait_for(held, 5)
     assert err is None and out[0].route.admission_wait.ToNanoseconds() > 0
+    # The fleet owner's Suspend (no job) holds the turns naming no job, not job-b's.
+    p.suspend("update", 4)
+    out, err = await asyncio.wait_for(run(p, turn("b2", job_id="job-b")), 5)
+    assert err is None and tokens(out)
+    p.resume()
 
 
 async def test_a_bad_job_id_is_refused_naming_the_field(env):
