@@ -2,11 +2,13 @@
 its own job's adapter and attaches a second job, whose first version it loads from that job's checkpoint store
 and whose later versions arrive as deltas signed with that job's key. Each job's requests run with its own
 adapter; one job's commit never changes the other's output; malformed and unauthorised attaches are refused;
-a detached job's requests are NOT_FOUND while the own job goes on.
+a detached job's requests are NOT_FOUND while the own job goes on. A third job follows its own relay: attached
+after K adapter versions went by, it catches up from the relay's cache (K deltas of the adapter, not a copy).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -18,11 +20,13 @@ from rollart.delta import load_safetensors, save_safetensors  # noqa: E402
 from rollart.delta.identity import weights_digest  # noqa: E402
 from rollart.v1 import actor_pb2, actor_pb2_grpc, common_pb2  # noqa: E402
 from rollart.weights.checkpoint_store import open_store  # noqa: E402
+from rollart.weights.publisher import Publisher  # noqa: E402
 from rollart_devtools.tiny_model import build_tiny_model  # noqa: E402
-from tests.conftest import BIN, Services  # noqa: E402
+from tests.conftest import BIN, TOKEN, Services  # noqa: E402
 from tests.integration.actor.test_actor_lora import RANK, adapter_v0, step  # noqa: E402
 from tests.integration.actor.test_actor_service import MD, START_TIMEOUT, actor_env, generate, request  # noqa: E402
 from tests.unit.actor.actor_testlib import delta_segments  # noqa: E402
+from tests.unit.weights.weights_testlib import start_relay  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +65,8 @@ def two_jobs(tmp_path_factory: pytest.TempPathFactory):
     try:
         _, info = services.start("actor", [str(BIN / "rollart-actor")], timeout=START_TIMEOUT, **env)
         ch = grpc.insecure_channel(info["address"])
-        yield actor_pb2_grpc.ActorStub(ch), {"tmp": tmp, "b3": b3, "store": str(tmp / "b-store")}
+        state = {"tmp": tmp, "b3": b3, "store": str(tmp / "b-store"), "base": base, "base_hash": base_hash}
+        yield actor_pb2_grpc.ActorStub(ch), state, services
         ch.close()
     finally:
         services.stop_all()
@@ -84,7 +89,7 @@ def greedy(stub, rid: str, job: str = "") -> tuple[list[int], list[int]]:
 
 
 def test_bad_attaches_are_refused_naming_the_field(two_jobs) -> None:
-    stub, st = two_jobs
+    stub, st, _ = two_jobs
     cases = [
         (attach_request(st["store"], job_id="no spaces"), grpc.StatusCode.INVALID_ARGUMENT, "job_id"),
         (attach_request(st["store"], job_key=b"short"), grpc.StatusCode.INVALID_ARGUMENT, "job_key"),
@@ -106,7 +111,7 @@ def test_bad_attaches_are_refused_naming_the_field(two_jobs) -> None:
 
 
 def test_a_second_job_runs_with_its_own_adapter_and_versions(two_jobs) -> None:
-    stub, st = two_jobs
+    stub, st, _ = two_jobs
     own0, vers = greedy(stub, "own-0")
     assert vers == [0] * 24
     resp = stub.AttachJob(attach_request(st["store"]), metadata=MD, timeout=120)
@@ -150,7 +155,7 @@ def test_a_second_job_runs_with_its_own_adapter_and_versions(two_jobs) -> None:
 
 
 def test_detach_refuses_the_jobs_requests_and_keeps_the_own_job(two_jobs) -> None:
-    stub, st = two_jobs
+    stub, st, _ = two_jobs
     if "own0" not in st:
         pytest.skip("needs the previous test")
     assert stub.DetachJob(actor_pb2.DetachJobRequest(job_id="job-b"), metadata=MD, timeout=30).detached
@@ -173,3 +178,47 @@ def test_detach_refuses_the_jobs_requests_and_keeps_the_own_job(two_jobs) -> Non
         time.sleep(0.1)
         left = list((st["tmp"] / "work" / "jobs" / "job-b" / "adapters").glob("v*"))
     assert not left, left
+
+
+async def test_an_attached_job_that_missed_k_versions_catches_up_from_its_relay(two_jobs) -> None:
+    stub, st, services = two_jobs
+    key_c = b"job-c-segment-key-0123456789abcdef"
+    _, relay = start_relay(services, "relay-c", ROLLART_JOB_ID="job-c", ROLLART_JOB_KEY=key_c.decode())
+    store = open_store(str(st["tmp"] / "c-store"))
+    pub = Publisher(
+        job="job-c", key=key_c, token=TOKEN, relays=[relay["address"]], streams=2, checkpoint_store=store,
+        checkpoint_every=100,
+    )  # fmt: skip
+    await pub.start()
+    try:
+        versions = [adapter_v0(st["base"], st["base_hash"], seed=21)]
+        for v in range(1, 5):
+            versions.append(step(versions[-1], seed=30 + v))
+        results = [await pub.publish(v, ws) for v, ws in enumerate(versions)]
+        assert store.versions() == [0]  # the store holds v0 only: v1..v4 exist as deltas in the relay's cache
+        req = attach_request(str(st["tmp"] / "c-store"), job_id="job-c", job_key=key_c)
+        req.weight_source.relay_endpoint = relay["address"]
+        assert stub.AttachJob(req, metadata=MD, timeout=120).attached
+
+        def job_c() -> common_pb2.ActorWeightState:
+            return stub.GetStatus(actor_pb2.ActorStatusRequest(), metadata=MD).job_weights["job-c"]
+
+        deadline = time.monotonic() + 120
+        while not job_c().loaded:  # its v0, from its store
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.3)
+        assert job_c().active_version == 0
+        order = common_pb2.CommitOrder(
+            order_id="c-v4", version=4, hash=results[4].hash, base_version=3, fetch_if_missing=True
+        )
+        commit = actor_pb2.ActorCommitRequest(order=order, job_id="job-c")
+        res = (await asyncio.to_thread(stub.Commit, commit, metadata=MD, timeout=120)).result
+        # The chain D_1..D_4 from the relay's cache: four adapter deltas, far less than four whole adapters.
+        assert res.applied and (res.from_version, res.to_version) == (0, 4) and res.deltas_applied == 4
+        assert 0 < res.bytes_loaded <= sum(r.delta_bytes for r in results[1:]) * 1.05
+        assert job_c().active_hash == results[4].hash
+        _, vers = greedy(stub, "c-4", job="job-c")
+        assert vers == [4] * 24
+        assert stub.DetachJob(actor_pb2.DetachJobRequest(job_id="job-c"), metadata=MD, timeout=30).detached
+    finally:
+        await pub.stop()
