@@ -45,6 +45,9 @@ class Fleet:
         if not self.actors:
             raise ProcessError(f"--fleet {run_dir}: no actor of it is running")
         self.llmproxy = svc["llmproxy"]["address"]
+        # The base the actors serve: the joining job trains its adapter on it (not a model of its own).
+        first = svc[next(iter(self.actors))]
+        self.model = str(first.get("env", {}).get("ROLLART_MODEL", ""))
         self.token = Path(self.state["token_file"]).read_text().strip()
         self.attached: list[str] = []
 

@@ -198,6 +198,10 @@ class Runner:
                     p.unlink()
         out.mkdir(parents=True, exist_ok=True)
         spec = self.spec
+        if self.fleet is not None and self.fleet.model:  # the base the fleet's actors serve, not one of its own
+            if spec.model not in ("", "tiny") and Path(spec.model).resolve() != Path(self.fleet.model).resolve():
+                raise SpecError(f"job.model: {spec.model}, but the fleet's actors serve {self.fleet.model}")
+            spec.model = self.fleet.model
         if spec.model in ("", "tiny"):
             recipe = {k: v for k, v in _section(self.data, "model").items() if k != "lora"}  # lora: not a recipe
             spec.model = str(prepare_model(recipe, out, self.log))

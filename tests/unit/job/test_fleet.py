@@ -22,7 +22,8 @@ def cluster(tmp: Path, services: dict[str, int]) -> Path:
         "state_dir": str(folder),
         "token_file": str(folder / "job-token"),
         "services": {
-            n: {"pid": pid, "address": f"127.0.0.1:{5000 + i}"} for i, (n, pid) in enumerate(services.items())
+            n: {"pid": pid, "address": f"127.0.0.1:{5000 + i}", "env": {"ROLLART_MODEL": "/models/base"}}
+            for i, (n, pid) in enumerate(services.items())
         },
     }
     (folder / "state.json").write_text(json.dumps(state))
@@ -34,7 +35,7 @@ def test_a_running_fleet_gives_its_proxy_actors_and_token(tmp_path: Path) -> Non
     run = cluster(tmp_path, {"llmproxy": me, "actor": me, "actor-2": me, "actor-3": 999_999_999, "ledger": me})
     fleet = Fleet(run)
     assert fleet.llmproxy == "127.0.0.1:5000" and sorted(fleet.actors) == ["actor", "actor-2"]  # actor-3 is dead
-    assert fleet.token == "fleet-token"
+    assert fleet.token == "fleet-token" and fleet.model == "/models/base"
     assert fleet.service_env("job-b") == {
         "trainer": {"ROLLART_LLMPROXY": "127.0.0.1:5000", "ROLLART_LLMPROXY_JOB_ID": "job-b"},
         "envmanager": {"ROLLART_LLMPROXY": "127.0.0.1:5000", "ROLLART_LLMPROXY_JOB_ID": "job-b"},
