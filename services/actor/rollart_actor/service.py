@@ -462,10 +462,12 @@ class ActorService(actor_pb2_grpc.ActorServicer):
                 chunk.usage.CopyFrom(self._usage(track))
                 if track.kv_transfer_params is not None:
                     chunk.kv_transfer_params_json = json.dumps(track.kv_transfer_params)
-                if self.host is not None:
-                    # The hashes of the weights these tokens actually came from: settlement compares them
-                    # with the ledger's h(v), which catches an actor that ran other weights under v.
-                    for v, h in self.host.hashes_for(track.versions).items():
+                slot = self.jobs.get(track.job) if track.job else None
+                host = slot.host if slot is not None else None if track.job else self.host
+                if host is not None:
+                    # The hashes of the weights these tokens actually came from (the track's job's): settlement
+                    # compares them with the ledger's h(v), which catches an actor that ran other weights under v.
+                    for v, h in host.hashes_for(track.versions).items():
                         chunk.version_hashes[v] = h
                 yield chunk
                 return

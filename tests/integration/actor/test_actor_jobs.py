@@ -141,6 +141,13 @@ def test_a_second_job_runs_with_its_own_adapter_and_versions(two_jobs) -> None:
     assert res.applied and res.to_version == 4
     b4_out, vers = greedy(stub, "b-4", job="job-b")
     assert vers == [4] * 24 and b4_out != b_out
+    # The hashes a job's tokens report are its own versions' (settlement checks them against its ledger's h(v)).
+    req = request("b-4-hash", PROMPT, max_tokens=4, temperature=0.0)
+    req.job_id = "job-b"
+    r = generate(stub, req)
+    assert r.error is None and dict(r.chunks[-1].version_hashes) == {4: h4}
+    r = generate(stub, request("own-hash", PROMPT, max_tokens=4, temperature=0.0))
+    assert r.error is None and 0 in r.chunks[-1].version_hashes and r.chunks[-1].version_hashes[0] != h4
     assert greedy(stub, "own-after-b4")[0] == own0
     # A delta for job b signed with the own job's key is refused: the job's key authenticates its versions.
     msgs, _ = delta_segments(b4.copy(), step(b4, seed=13), version=5, base_version=4, job="job-b")
