@@ -1,0 +1,145 @@
+"""Two LoRA jobs on one fleet (issue 29): each job alone on one actor, then both sharing two actors.
+
+    python -m bench lora-fleet --json bench/results/lora-fleet.json
+
+Rows (``config``): ``solo-a`` (examples/frozenlake-lora.yaml, one actor), ``solo-b`` (examples/two-jobs-lora.yaml,
+one actor), then ``shared-a`` and ``shared-b``: job A runs on two actors, job B joins it with ``rollart run
+--fleet`` (its adapter attached to both actors, its turns routed by job), for ``--steps`` steps each. Each row:
+``samples_per_second`` (the job's trained samples over its steps' time, steps 3..N, median step), ``step_seconds``,
+``reward_first``/``reward_last`` (means of the first and last third of the steps); shared rows add ``shared_ratio``
+= their samples/s over the same job's solo row (target: at least 0.8) and ``overlap_steps`` (the job's steps that
+ran while the other job was stepping too; only those count in a shared row's figures).
+
+Every process of a row shares this machine's cores: on 2 cores the shared rows run two trainers, two envmanagers and
+two relays beside the actors, against one of each in a solo row. Runs go through ``rollart run`` (real services).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = [str(Path(sys.executable).parent / "rollart"), "run"]  # the venv's entry point
+JOB_A, JOB_B = ROOT / "examples" / "frozenlake-lora.yaml", ROOT / "examples" / "two-jobs-lora.yaml"
+
+
+def steps_of(out: Path) -> list[dict[str, Any]]:
+    path = out / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted((r for r in rows if r.get("kind") != "validation" and "step" in r), key=lambda r: r["step"])
+
+
+def figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """samples/s (median step, steps 3..N), step seconds, reward of the first and last third."""
+    use = [r for r in records if r["step"] >= 3] or records
+    if not use:
+        return {"steps": 0, "samples_per_second": None, "step_seconds": None}
+    step_s = statistics.median(float(r["step_seconds"]) for r in use)
+    samples = statistics.median(float(r.get("samples") or 0) for r in use)
+    third = max(1, len(records) // 3)
+    return {
+        "steps": len(records),
+        "step_seconds": step_s,
+        "samples_per_second": samples / step_s if step_s > 0 else None,
+        "reward_first": statistics.fmean(float(r["reward_mean"]) for r in records[:third]),
+        "reward_last": statistics.fmean(float(r["reward_mean"]) for r in records[-third:]),
+    }
+
+
+def overlapping(mine: list[dict[str, Any]], other: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """My steps that ran entirely while the other job was stepping (between its first start and last end)."""
+    if not other:
+        return []
+    lo, hi = min(r["started_at"] for r in other), max(r["finished_at"] for r in other)
+    return [r for r in mine if r["started_at"] >= lo and r["finished_at"] <= hi]
+
+
+def run_job(job: Path, out: Path, steps: int, extra: list[str], log: Path) -> subprocess.Popen:
+    argv = [*RUN, str(job), "--out", str(out), "--quiet", "--set", f"job.max_steps={steps}", *extra]
+    return subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(r["step"] >= step for r in steps_of(out)):
+        if proc.poll() is not None:
+            raise SystemExit(f"lora-fleet: the fleet run ended (exit {proc.returncode}) before step {step}: {out}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"lora-fleet: the fleet run did not reach step {step} in {timeout:.0f}s")
+        time.sleep(1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench lora-fleet", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=12, help="steps of each job in each row")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "lora-fleet")
+    ap.add_argument("--configs", default="solo,shared", help="solo, shared or both")
+    ap.add_argument("--json", type=Path, help="write the rows (one object each) to this file")
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    configs = a.configs.split(",")
+    if "solo" in configs:
+        for name, job in (("solo-a", JOB_A), ("solo-b", JOB_B)):
+            out = a.out / name
+            t0 = time.time()
+            code = run_job(job, out, a.steps, ["--actors", "1"], a.out / f"{name}.log").wait()
+            rows.append({"config": name, "actors": 1, "exit": code, "wall_seconds": time.time() - t0,
+                         **figures(steps_of(out))})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+    if "shared" in configs:
+        # A owns the fleet for longer than B needs: B's steps all run beside A's.
+        fleet = run_job(JOB_A, a.out / "shared-a", a.steps * 3, ["--actors", "2"], a.out / "shared-a.log")
+        try:
+            wait_for_step(a.out / "shared-a", 1, fleet, 900.0)
+            t0 = time.time()
+            b = run_job(
+                JOB_B, a.out / "shared-b", a.steps, ["--fleet", str(a.out / "shared-a")], a.out / "shared-b.log"
+            )
+            code_b = b.wait()
+            wall_b = time.time() - t0
+        finally:
+            fleet.send_signal(2)  # SIGINT: A stops cleanly (its figures are those of the steps beside B)
+            code_a = fleet.wait(timeout=300)
+        ra, rb = steps_of(a.out / "shared-a"), steps_of(a.out / "shared-b")
+        for name, mine, other, code, actors in (("shared-a", ra, rb, code_a, 2), ("shared-b", rb, ra, code_b, 2)):
+            beside = overlapping(mine, other)
+            row = {"config": name, "actors": actors, "exit": code, "overlap_steps": len(beside), **figures(beside)}
+            if name == "shared-b":
+                row["wall_seconds"] = wall_b
+            rows.append(row)
+            print(json.dumps(rows[-1]), flush=True)
+    solo = {r["config"].removeprefix("solo-"): r for r in rows if r["config"].startswith("solo-")}
+    for r in rows:
+        job = r["config"].removeprefix("shared-")
+        if r["config"].startswith("shared-") and job in solo and solo[job].get("samples_per_second"):
+            mine = r.get("samples_per_second")
+            r["shared_ratio"] = mine / solo[job]["samples_per_second"] if mine else None
+    cols = ["config", "actors", "steps", "samples_per_second", "step_seconds", "reward_first", "reward_last",
+            "shared_ratio"]  # fmt: skip
+    print("  ".join(f"{c:>18}" for c in cols))
+    for r in rows:
+        cells = [r.get(c) for c in cols]
+        print(
+            "  ".join(
+                f"{(f'{v:.3f}' if isinstance(v, float) else str(v if v is not None else '-')):>18}" for v in cells
+            )
+        )
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(rows, indent=1) + "\n")
+        print(a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,28 @@
+"""bench lora-fleet's figures: a shared row counts only the steps that ran beside the other job."""
+
+from __future__ import annotations
+
+from bench.protocol.lora_fleet import figures, overlapping
+
+
+def rec(step: int, start: float, end: float, reward: float = 0.5, samples: int = 32) -> dict:
+    return {"step": step, "started_at": start, "finished_at": end, "step_seconds": end - start,
+            "samples": samples, "reward_mean": reward}  # fmt: skip
+
+
+def test_figures_use_the_median_step_from_step_3_and_thirds_for_reward() -> None:
+    rs = [rec(1, 0, 10, 0.0), rec(2, 10, 20, 0.0), rec(3, 20, 24, 0.5), rec(4, 24, 28, 0.5), rec(5, 28, 36, 1.0),
+          rec(6, 36, 40, 1.0)]  # fmt: skip
+    f = figures(rs)
+    assert f["steps"] == 6 and f["step_seconds"] == 4.0 and f["samples_per_second"] == 8.0
+    assert f["reward_first"] == 0.0 and f["reward_last"] == 1.0
+    assert figures([])["samples_per_second"] is None
+
+
+def test_overlap_keeps_my_steps_inside_the_other_jobs_run() -> None:
+    mine = [rec(1, 0, 5), rec(2, 5, 12), rec(3, 12, 18), rec(4, 18, 30)]
+    other = [rec(1, 6, 10), rec(2, 10, 20)]
+    assert [r["step"] for r in overlapping(mine, other)] == [3]  # wholly inside [6, 20]; step 2 began before
+    other.append(rec(3, 20, 40))
+    assert [r["step"] for r in overlapping(mine, other)] == [3, 4]
+    assert overlapping(mine, []) == []
