@@ -3,7 +3,8 @@ its own job's adapter and attaches a second job, whose first version it loads fr
 and whose later versions arrive as deltas signed with that job's key. Each job's requests run with its own
 adapter; one job's commit never changes the other's output; malformed and unauthorised attaches are refused;
 a detached job's requests are NOT_FOUND while the own job goes on. A third job follows its own relay: attached
-after K adapter versions went by, it catches up from the relay's cache (K deltas of the adapter, not a copy).
+after K adapter versions went by, it catches up from the relay's cache (K deltas of the adapter, not a copy);
+then its relay is SIGKILLed with both jobs' turns in flight, and the own job goes on (a new version included).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def two_jobs(tmp_path_factory: pytest.TempPathFactory):
     try:
         _, info = services.start("actor", [str(BIN / "rollart-actor")], timeout=START_TIMEOUT, **env)
         ch = grpc.insecure_channel(info["address"])
-        state = {"tmp": tmp, "b3": b3, "store": str(tmp / "b-store"), "base": base, "base_hash": base_hash}
+        state = {"tmp": tmp, "b3": b3, "store": str(tmp / "b-store"), "base": base, "base_hash": base_hash, "a0": a0}
         yield actor_pb2_grpc.ActorStub(ch), state, services
         ch.close()
     finally:
@@ -190,7 +191,7 @@ def test_detach_refuses_the_jobs_requests_and_keeps_the_own_job(two_jobs) -> Non
 async def test_an_attached_job_that_missed_k_versions_catches_up_from_its_relay(two_jobs) -> None:
     stub, st, services = two_jobs
     key_c = b"job-c-segment-key-0123456789abcdef"
-    _, relay = start_relay(services, "relay-c", ROLLART_JOB_ID="job-c", ROLLART_JOB_KEY=key_c.decode())
+    relay_proc, relay = start_relay(services, "relay-c", ROLLART_JOB_ID="job-c", ROLLART_JOB_KEY=key_c.decode())
     store = open_store(str(st["tmp"] / "c-store"))
     pub = Publisher(
         job="job-c", key=key_c, token=TOKEN, relays=[relay["address"]], streams=2, checkpoint_store=store,
@@ -226,6 +227,24 @@ async def test_an_attached_job_that_missed_k_versions_catches_up_from_its_relay(
         assert job_c().active_hash == results[4].hash
         _, vers = greedy(stub, "c-4", job="job-c")
         assert vers == [4] * 24
+        # Job c's relay SIGKILLed with turns of both jobs in flight: both finish, and the own job still takes a
+        # new version (one job's weight source dying never stalls another job).
+        turns = [
+            asyncio.to_thread(greedy, stub, "c-during-kill", "job-c"),
+            asyncio.to_thread(greedy, stub, "own-during-kill"),
+        ]
+        running = asyncio.gather(*turns)
+        relay_proc.kill()
+        (c_toks, c_vers), (_own_toks, own_vers) = await asyncio.wait_for(running, 120)
+        assert c_vers == [4] * 24 and own_vers == [0] * 24
+        a0 = st["a0"]
+        a1 = step(a0, seed=41)
+        msgs, h1 = delta_segments(a0.copy(), a1, version=1, base_version=0)
+        stub.StageDelta(iter(msgs), metadata=MD, timeout=60)
+        own = common_pb2.CommitOrder(order_id="own-v1", version=1, hash=h1, base_version=0)
+        res = await asyncio.to_thread(stub.Commit, actor_pb2.ActorCommitRequest(order=own), metadata=MD, timeout=120)
+        assert res.result.applied and res.result.to_version == 1
+        assert greedy(stub, "own-v1")[1] == [1] * 24 and greedy(stub, "c-after-kill", "job-c")[0] == c_toks
         assert stub.DetachJob(actor_pb2.DetachJobRequest(job_id="job-c"), metadata=MD, timeout=30).detached
     finally:
         await pub.stop()
