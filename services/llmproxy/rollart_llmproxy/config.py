@@ -122,6 +122,10 @@ class LLMProxyConfig(ServiceConfig):
     max_waiting_requests: int = Field(100_000, ge=1)
     # Full resync with the resource manager this often (besides its Watch stream).
     resync_interval_seconds: float = Field(30.0, gt=0)
+    # Several LoRA jobs on one fleet (shares.py): turns the fleet runs at once at full speed (0: no shares), and
+    # each job's weight (a job not named weighs 1; "" is the turns naming no job).
+    fleet_turn_slots: int = Field(0, ge=0)
+    job_shares: dict[str, float] = {}
 
     # Tokenizer used to count and tokenize messages locally (a model directory holding tokenizer.json and
     # tokenizer_config.json). None: the actors' Tokenize RPC is used when token ids are needed.
@@ -137,6 +141,14 @@ class LLMProxyConfig(ServiceConfig):
     @classmethod
     def _opt_addr(cls, value: str | None) -> str | None:
         return None if value in (None, "", "none") else _check_address(value)
+
+    @field_validator("job_shares")
+    @classmethod
+    def _shares(cls, value: dict[str, float]) -> dict[str, float]:
+        for job, w in value.items():
+            if not (w > 0 and w < float("inf")):
+                raise ValueError(f"job_shares[{job!r}] is {w}: a weight > 0")
+        return value
 
     @field_validator("tokenizer_dir")
     @classmethod

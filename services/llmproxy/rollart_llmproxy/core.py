@@ -31,6 +31,7 @@ from .actors import GENERATE_METHOD, PD_ROLE_NAMES, ActorClient, ActorTable
 from .admission import AdmissionGate, AdmissionRefused, AdmissionTimeout
 from .config import LLMProxyConfig
 from .router import DRAINING, ActorEntry, NoRoute, Route
+from .shares import JobShares, ShareTimeout
 from .tokenizer import LocalTokenizer
 from .turn import (
     MAX_ID,
@@ -78,6 +79,7 @@ class Proxy(ActorTable):
         self.by_trajectory: dict[str, set[Turn]] = {}
         self.gate = AdmissionGate(cfg.max_waiting_requests)
         self.job_gates: dict[str, AdmissionGate] = {}  # several jobs on one fleet: each trainer suspends its own
+        self.shares = JobShares(cfg.fleet_turn_slots, cfg.job_shares)  # and each job's share of a full fleet
         self.tokenizer = LocalTokenizer(cfg.tokenizer_dir) if cfg.tokenizer_dir else None
         self.tracer = _tracer("rollart.client")
         # Request ids the proxy makes up: unique per process (prefix) and per turn (counter), no uuid per turn.
@@ -281,10 +283,15 @@ class Proxy(ActorTable):
         turn = Turn(rid, req.trajectory_id, req.lease_id, asyncio.get_running_loop().create_future())
         self.turns[rid] = turn
         self.by_trajectory.setdefault(turn.trajectory_id, set()).add(turn)
+        admitted = False
         try:
-            async for resp in self._run_turn(turn, req, deadline, received):
+            waited = await self._admit(turn, req, deadline)
+            admitted = True
+            async for resp in self._run_turn(turn, req, deadline, received, waited):
                 yield resp
         finally:
+            if admitted and self.shares.on:
+                self.shares.release(req.job_id)
             if turn.cut_handle is not None:
                 turn.cut_handle.cancel()
             self.turns.pop(rid, None)
@@ -305,9 +312,9 @@ class Proxy(ActorTable):
             )
         )
 
-    async def _run_turn(
-        self, turn: Turn, req: pp.TrajectoryGenerateRequest, deadline: float, received: float
-    ) -> AsyncIterator[Forward | pp.TrajectoryGenerateResponse]:
+    async def _admit(self, turn: Turn, req: pp.TrajectoryGenerateRequest, deadline: float) -> float:
+        """Wait while the turn's job is suspended, then (shares on) for the job's share of a full fleet; returns
+        the seconds waited. With shares on, the caller releases the job's slot when the turn ends."""
         waited = 0.0
         # A turn waits on its job's gate only: one job's update never holds another job's turns on a shared fleet.
         gate = self.job_gates.get(req.job_id) if req.job_id else self.gate
@@ -322,6 +329,17 @@ class Proxy(ActorTable):
             finally:
                 metrics.WAITERS.dec()
             metrics.ADMISSION_WAIT.observe(waited)
+        if self.shares.on:
+            try:
+                waited += await self.shares.acquire(req.job_id, deadline, turn.abort_future)
+            except ShareTimeout as exc:
+                raise TurnError(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from None
+        return waited
+
+    async def _run_turn(
+        self, turn: Turn, req: pp.TrajectoryGenerateRequest, deadline: float, received: float, waited: float
+    ) -> AsyncIterator[Forward | pp.TrajectoryGenerateResponse]:
+        """The admitted turn: routed to an actor, and to another when one fails before streaming anything."""
         if turn.aborted:
             self._count("none", "aborted")
             yield self._aborted_chunk(turn)
