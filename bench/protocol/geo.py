@@ -45,7 +45,11 @@ Beyond the reference rows (each an option; without them the rows above run as th
   linked row through the links process's control folder; the row carries ``faults`` and is no reference.
 - PNGs beside ``--json``: ``-bandwidth.png`` (step time and exposed transfer against the rate, a sweep) and
   ``-timeline.png`` (five consecutive steps per row, as the seed's execution timeline), from each row's
-  ``timeline`` (its steps from metrics.jsonl); ``python -m bench geo --plot ROWS.json`` redraws them.
+  ``timeline`` (its steps from metrics.jsonl); ``python -m bench geo --plot ROWS.json`` redraws them, and
+  ``--into ROWS.json`` merges a run's rows into saved ones (replacing the same config and rate, e.g. a row that
+  failed). A row whose job did not complete keeps its ``state`` and is left out of the sweep's spread and curves.
+- Full-weight rows below the reference 0.6 Mbit/s give the trainer a longer wait for the actors' loads
+  (``commit_wait_seconds`` = 60 s x 0.6 / rate): its 60 s default is too short for two copies at 0.3 Mbit/s.
 - ``full-streams``: full-lag1 with each actor GETting a checkpoint as ``--streams`` S (default 4) parallel HTTP
   Range GETs (``ROLLART_CHECKPOINT_STREAMS``, rollart.weights.http_store), the seed's full weights over S TCP
   streams. One TCP flow over a long-RTT link is bound by its window / RTT, so the row caps every connection out
@@ -81,6 +85,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -137,6 +142,7 @@ CONFIGS = (
 STREAMS = 4  # full-streams: HTTP streams per checkpoint download, and the link's rate / flow cap
 MAX_STREAMS = 64  # rollart.weights.http_store's bound on ROLLART_CHECKPOINT_STREAMS
 STREAMS_ENV = "ROLLART_CHECKPOINT_STREAMS"
+REFERENCE_MBPS, COMMIT_WAIT_S = 0.6, 60.0  # examples/geo.yaml's rate; the trainer's default commit_wait_seconds
 SWEEP_RATES = (0.15, 0.3, 0.6, 1.2, 2.4, 6.0)  # Mbit/s each way: 40x around examples/geo.yaml's 0.6
 HETERO = ("rollart-uniform", "rollart-proportional")
 SLOW_ACTOR = "actor-2"
@@ -179,6 +185,11 @@ def config_sets(
     if rate_mbps:
         sets += [f"cluster.regions.links.{k}.rate_mbps={rate_mbps}" for k in links]
         link_mbps = rate_mbps
+    if config.startswith("full-") and link_mbps < REFERENCE_MBPS:
+        # The trainer's wait for full-weight loads grows as the link slows (its 60 s default holds at the
+        # reference rate, where each actor's copy takes 14 s): at 0.3 Mbit/s two copies took over 60 s.
+        wait = math.ceil(COMMIT_WAIT_S * REFERENCE_MBPS / link_mbps)
+        sets.append(f"cluster.env.trainer.ROLLART_COMMIT_WAIT_SECONDS={wait}")
     if config.startswith("full-lag"):
         sets += ["job.publish.weight_sync=full_checkpoint", f"job.alpha={int(config.removeprefix('full-lag'))}"]
     if config == "full-streams":
@@ -434,6 +445,20 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
     geo_fanout.add_egress_ratios(rows)
 
 
+def merge_rows(saved: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``saved`` with each row of ``new`` in place of the saved row of the same config and rate (else appended)."""
+    key = lambda r: (r["config"], r.get("link_mbps"), bool(r.get("faults")))  # noqa: E731
+    fresh = {key(r): r for r in new}
+    out = [fresh.pop(key(r), r) for r in saved]
+    return out + list(fresh.values())
+
+
+def completed(row: dict[str, Any]) -> bool:
+    """A row whose job did not complete (its figures are of the steps before it failed) is left out of the sweep's
+    summary and curves; it stays in the JSON with its ``state``."""
+    return row.get("state") in (None, "COMPLETED")
+
+
 def sweep_summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per mode with two rates or more: its rates, exposed transfer at each, that transfer slowest rate over
     fastest (``transfer_spread``; a delta's target: within 2x) and the spread of transfer x rate
@@ -442,7 +467,7 @@ def sweep_summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for mode in dict.fromkeys(r["config"] for r in rows):
         pts = sorted(
             (float(r["link_mbps"]), float(r["transfer_exposed_seconds"])) for r in rows
-            if r["config"] == mode and r.get("link_mbps") is not None and not r.get("faults")
+            if r["config"] == mode and r.get("link_mbps") is not None and not r.get("faults") and completed(r)
         )  # fmt: skip
         if len({x for x, _ in pts}) < 2:
             continue
@@ -561,6 +586,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/bench-geo"), help="run folders (one per config)")
     ap.add_argument("--json", type=Path, help="write the rows here (and the PNGs beside it)")
     ap.add_argument("--plot", type=Path, metavar="ROWS.json", help="only draw the PNGs of saved rows, then exit")
+    ap.add_argument(
+        "--into", type=Path, metavar="ROWS.json",
+        help="merge this run's rows into saved rows (a row with the same config and rate is replaced, e.g. one that "
+        "failed), recompute the ratios and write them back with their PNGs",
+    )  # fmt: skip
     a = ap.parse_args(argv)
     if a.plot:
         rows = json.loads(a.plot.read_text())
@@ -599,6 +629,9 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         print(json.dumps({k: v for k, v in row.items() if k != "timeline"}), flush=True)
         rows.append(row)
+    if a.into:
+        rows = merge_rows(json.loads(a.into.read_text()), rows)
+        a.json = a.into
     add_ratios(rows)
     print(table(rows))
     spread = sweep_summary(rows)

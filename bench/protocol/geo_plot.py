@@ -80,7 +80,7 @@ def plot_bandwidth(rows: list[dict[str, Any]], path: Path) -> bool:
     for i, mode in enumerate(modes):
         pts = sorted(
             (float(r["link_mbps"]), r) for r in rows if r["config"] == mode and r.get("link_mbps") is not None
-            and not r.get("faults")
+            and not r.get("faults") and r.get("state") in (None, "COMPLETED")
         )  # fmt: skip
         xs = [x for x, _ in pts]
         ax.plot(xs, [r["step_seconds"] for _, r in pts], marker="o", color=colors(i % 10), label=mode)

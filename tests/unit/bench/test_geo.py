@@ -253,3 +253,24 @@ def test_settlement_fields_say_whether_anything_settled_twice():
     final["ledger"]["settled_distinct_trajectories"] = 63
     assert geo.settlement_fields({"final": final})["settled_once"] is False
     assert geo.settlement_fields({}) == {}  # a run that never reached its final state
+
+
+def test_full_rows_below_the_reference_rate_wait_longer_for_loads():
+    sets, _ = geo.config_sets("full-lag1", LINKS, 0.3)
+    assert "cluster.env.trainer.ROLLART_COMMIT_WAIT_SECONDS=120" in sets
+    assert not [s for s in geo.config_sets("full-lag1", LINKS, 0.6)[0] if "COMMIT_WAIT" in s]  # the default holds
+    assert not [s for s in geo.config_sets("rollart", LINKS, 0.3)[0] if "COMMIT_WAIT" in s]  # deltas: no loads
+
+
+def test_a_failed_row_is_left_out_of_the_sweep_and_a_rerun_replaces_it():
+    rows = [_row("rollart", m, 6.0, 1.0) for m in (0.3, 0.6, 6.0)]
+    rows += [_row("full-lag1", m, 6.0 * m, 14.0 * 0.6 / m) for m in (0.6, 6.0)]
+    failed = _row("full-lag1", 0.3, 2.9, 0.01)
+    failed["state"] = "FAILED"  # its one step hid the loads that never finished
+    rows.append(failed)
+    spread = geo.sweep_summary(rows)
+    assert spread["full-lag1"]["rates"] == [0.6, 6.0]
+    rerun = _row("full-lag1", 0.3, 1.8, 28.0)
+    merged = geo.merge_rows(rows, [rerun, _row("full-lag2", 0.3, 2.0, 20.0)])
+    assert len(merged) == len(rows) + 1 and rerun in merged and failed not in merged
+    assert geo.sweep_summary(merged)["full-lag1"]["rates"] == [0.3, 0.6, 6.0]
