@@ -92,6 +92,9 @@ SOURCES: dict[str, Source] = {
     "geo-sweep.json": Source(
         "python -m bench geo --steps 6 --rates 0.3,0.6,1.2,2.4,6,12 --configs ideal,rollart,full-lag1 --set job.grpo.learning_rate=2.0e-5 --json PATH",
         "be7f22b", "2026-12-06", X2, "1-7", "geo.md"),
+    "geo-streams.json": Source(
+        "python -m bench geo --steps 6 --configs rollart,full-lag1,full-streams --streams 4 --set job.grpo.learning_rate=2.0e-5 --json PATH",
+        "e850319", "2026-12-06", X2, "1-3", "geo.md"),
     "geo-fault-rate.json": Source(
         "python -m bench geo --steps 8 --configs rollart --fault rate/10:60@step3 --json PATH", "d9ecdfe", "2026-12-06", X2,
         "2-3", "geo.md"),
@@ -232,6 +235,8 @@ ROWS: list[Row] = [
     Row("protocol", "geo sweep 0.3-12 Mbit/s (40x): RollArt transfer exposed, slowest rate / fastest", "<= 2x", "geo-sweep.json", "[config=rollart,link_mbps=0.3].transfer_exposed_seconds", "{:.2f}x", "[config=rollart,link_mbps=12.0].transfer_exposed_seconds"),
     Row("protocol", "geo sweep: full weights (lag 1) transfer exposed, slowest rate / fastest", "~40x (1/bandwidth)", "geo-sweep.json", "[config=full-lag1,link_mbps=0.3].transfer_exposed_seconds", "{:.1f}x", "[config=full-lag1,link_mbps=12.0].transfer_exposed_seconds"),
     Row("protocol", "geo sweep: RollArt / full weights at lag 1, samples/s at 0.3 Mbit/s", "-", "geo-sweep.json", "[config=full-lag1,link_mbps=0.3].rollart_speedup", "{:.2f}x"),
+    Row("protocol", "geo: full weights, 4 streams each capped at rate / 4 / one uncapped stream, samples/s", "-", "geo-streams.json", "[config=full-streams].samples_per_second", "{:.2f}x", "[config=full-lag1].samples_per_second"),
+    Row("protocol", "geo: RollArt / full weights over 4 streams, samples/s", "-", "geo-streams.json", "[config=full-streams].rollart_speedup", "{:.2f}x"),
     Row("protocol", "geo: relay / direct egress out of train, copies per delta, 2 actors", "1/2", "geo-fanout.json", "[config=relay-n2].relay_egress_ratio", "{:.3f}"),
     Row("protocol", "geo: relay / direct egress out of train, copies per delta, 4 actors", "1/4", "geo-fanout.json", "[config=relay-n4].relay_egress_ratio", "{:.3f}"),
     Row("protocol", "geo: link down 30 s mid-run: relay egress after, copies per delta (nothing settled twice)", "1 (each delta once)", "geo-fault-down.json", "[config=rollart].weights_egress_per_delta", "{:.2f}"),
