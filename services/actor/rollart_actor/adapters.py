@@ -18,7 +18,9 @@ work as for full weights. What differs:
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,8 @@ from rollart.delta.identity import weights_digest
 
 from .config import ActorLoraConfig
 from .host_weights import HostWeights, WeightError
+
+log = logging.getLogger(__name__)
 
 BASE_HASH = "rollart.base_hash"
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -178,3 +182,20 @@ def load_adapter_host(base: WeightSet, cfg: Any) -> AdapterHost:
     return AdapterHost(
         ws, cfg.weight_version, None, settings=settings, base_hash=base_hash, base_model=model, pending=True
     )
+
+
+async def await_first_adapter(manager: Any, host: AdapterHost, job: str = "") -> None:
+    """A pending actor (or attached job) serves the base, version 0's policy, until its job's first adapter is in
+    the checkpoint store (it gets there at StartJob): load the newest version there as soon as there is one."""
+    who = f"job {job}: " if job else ""
+    while host.pending:
+        try:
+            async with manager.lock:
+                if host.pending and await asyncio.to_thread(manager.adapter_store.latest, 1 << 62):
+                    await manager._load_checkpoint(1 << 62, manager.adapter_store)
+        except WeightError as exc:
+            log.warning("%sthe store's adapter cannot be loaded: %s", who, exc)
+            await asyncio.sleep(5.0)
+        except Exception as exc:  # noqa: BLE001 - a store not reachable yet: try again
+            log.debug("%sno adapter in the checkpoint store yet: %s", who, exc)
+        await asyncio.sleep(0.5)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from rollart.runtime import ids
 from rollart.v1 import actor_pb2, common_pb2, ledger_pb2
 
-from .adapters import AdapterHost, template
+from .adapters import AdapterHost, await_first_adapter, template
 from .config import ActorLoraConfig
 from .engine import KEEP
 from .host_weights import WeightError
@@ -170,7 +170,7 @@ class JobSlot:
                 tls=actor.cfg.tls,
                 checkpoint_store=self.manager.checkpoint_store,
             )
-        self._spawn(self._await_first_adapter())
+        self._spawn(await_first_adapter(self.manager, self.host, self.spec.job_id))
         if spec.ledger:
             self.ledger = LedgerAgent(
                 endpoint=spec.ledger,
@@ -196,22 +196,6 @@ class JobSlot:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _await_first_adapter(self) -> None:
-        """Until a version is loaded, the job's requests run on the base (its version 0, lora_B = 0): load the
-        newest version its checkpoint store holds, as soon as there is one."""
-        manager = self.manager
-        while self.host.pending:
-            try:
-                async with manager.lock:
-                    if self.host.pending and await asyncio.to_thread(manager.adapter_store.latest, 1 << 62):
-                        await manager._load_checkpoint(1 << 62, manager.adapter_store)
-            except WeightError as exc:
-                log.warning("job %s: the store's adapter cannot be loaded: %s", self.spec.job_id, exc)
-                await asyncio.sleep(5.0)
-            except Exception as exc:  # noqa: BLE001 - a store not reachable yet: try again
-                log.debug("job %s: no adapter in the checkpoint store yet: %s", self.spec.job_id, exc)
-            await asyncio.sleep(0.5)
 
     # ------------------------------------------------------------------------------ state and commands
 

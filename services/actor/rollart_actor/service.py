@@ -168,23 +168,10 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             await asyncio.to_thread(host.write, folder)
             await self.engine.update_weights(str(folder), host.version)
         elif store_uri:
-            self._spawn(self._await_first_adapter())
+            from .adapters import AdapterHost, await_first_adapter
 
-    async def _await_first_adapter(self) -> None:
-        # The job starts after its actors: its version 0 reaches the checkpoint store at StartJob.
-        manager = self.manager
-        assert manager is not None and self.host is not None
-        while self.host.pending:
-            try:
-                async with manager.lock:
-                    if self.host.pending and await asyncio.to_thread(manager.adapter_store.latest, 1 << 62):
-                        await manager._load_checkpoint(1 << 62, manager.adapter_store)
-            except WeightError as exc:
-                log.warning("the store's adapter cannot be loaded: %s", exc)
-                await asyncio.sleep(5.0)
-            except Exception as exc:  # noqa: BLE001 - a store not reachable yet: try again
-                log.debug("no adapter in the checkpoint store yet: %s", exc)
-            await asyncio.sleep(0.5)
+            assert isinstance(host, AdapterHost)
+            self._spawn(await_first_adapter(self.manager, host))
 
     async def on_serving(self, address: str) -> None:
         self.endpoint = address
