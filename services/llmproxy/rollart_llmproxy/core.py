@@ -171,7 +171,7 @@ class Proxy(ActorTable):
         ended: set[str] = set()
         count = 0
         for t in dict.fromkeys(hit):  # de-duplicated, in order
-            if t.aborted:
+            if t.aborted or t.finished:
                 continue
             t.aborted = True
             count += 1
@@ -532,6 +532,8 @@ class Proxy(ActorTable):
             if chunk.HasField("usage"):  # the last chunk: the task's profile learns the turn's shape
                 split = turn.prefill_uncached if prefill is not None else -1  # PD: the prefill side's work
                 self.router.observe_turn(req.task, turn.trajectory_id, chunk.usage, prefilled=split)
+            if chunk.finish_reason:
+                turn.finished = True
             if first:
                 metrics.TTFT.observe(time.monotonic() - received)
                 first = False
@@ -619,6 +621,8 @@ class Proxy(ActorTable):
         parse = common_pb2.GenerationChunk.FromString
         try:
             async for raw in call:
+                if turn.aborted:  # nothing after an Abort reaches the caller (the actor may have run ahead of it)
+                    raise _ActorFailed(actor, "aborted", dead=False)
                 chunk = parse(raw)
                 n = len(chunk.token_ids)
                 delta = min(n, gen_left) + prompt_left

@@ -118,6 +118,8 @@ class Turn:
     actor_request_id: str = ""
     call: aio.UnaryStreamCall | None = None
     streamed: int = 0
+    # Set once the turn's last chunk is handed on: an Abort that comes later no longer ends it.
+    finished: bool = False
     cut_handle: asyncio.TimerHandle | None = None
     # PD: prompt tokens the prefill actor computed (not from its prefix cache), for the task's profile.
     prefill_uncached: int = 0

@@ -336,9 +336,11 @@ def test_suspend_and_resume_with_turns_in_flight(env: Env) -> None:
     assert not waiting.done.is_set() and not waiting.result.responses
     st = env.proxy.GetStatus(pp.ProxyStatusRequest(), metadata=MD, timeout=10)
     assert st.admission.suspended and st.admission.waiting_requests == 1
+    seen_waiting = time.monotonic()  # it waits from before here to after the Resume below
     done = long.join()  # in-flight work continues to the end while suspended
     assert done.error is None and len(done.tokens) == 400 and done.finish == FR.FINISH_REASON_LENGTH
     assert not waiting.done.is_set()
+    time.sleep(max(0.0, seen_waiting + 1.0 - time.monotonic()))  # a fast engine ends `long` within the second
     resumed = env.proxy.Resume(pp.ResumeRequest(step=1), metadata=MD, timeout=10)
     assert resumed.released == 1 and not resumed.suspended and resumed.suspended_for.ToNanoseconds() > 1e9
     r = waiting.join()

@@ -197,6 +197,8 @@ async def test_abort_cuts_a_stream_the_actor_does_not_end(env):
     task = asyncio.create_task(run(p, turn("t", n=2000)))
     while not a0.active:
         await asyncio.sleep(0.005)
+    a0.gate = asyncio.Event()  # a stalled engine: no chunk comes that the proxy could end the turn at
+    await asyncio.sleep(0.05)
     start = time.monotonic()
     p.abort(["t"])
     out, err = await asyncio.wait_for(task, 3)
@@ -204,6 +206,36 @@ async def test_abort_cuts_a_stream_the_actor_does_not_end(env):
     assert 0.25 < time.monotonic() - start < 2  # after the abort grace
     await asyncio.sleep(0.1)
     assert not a0.active  # the cut cancelled the actor's call
+
+
+async def test_after_an_abort_nothing_the_actor_ran_ahead_with_reaches_the_caller(env):
+    # A fast engine finishes the turn while its caller has read one chunk: the rest waits in the buffers.
+    p, (a0,) = await env(1, honour_abort=False)
+    stream = p.generate(turn("fast", n=400, request_id="r-fast"))
+    first = await stream.__anext__()
+    while a0.active:  # the actor has sent every token (and the last chunk)
+        await asyncio.sleep(0.005)
+    assert p.abort(["fast"]).aborted_requests == 1
+    rest = [r async for r in stream]
+    assert rest[-1].chunk.finish_reason == FR.FINISH_REASON_ABORTED
+    assert len(tokens([first] + rest)) < 400
+    assert p.abort(["fast"]).aborted_requests == 0
+
+
+async def test_an_abort_after_the_last_chunk_is_not_counted(env):
+    p, _ = await env(1)
+    stream = p.generate(turn("done", n=3))
+    out = [r async for r in _until_finish(stream)]
+    assert out[-1].chunk.finish_reason == FR.FINISH_REASON_LENGTH
+    assert p.abort(["done"]).aborted_requests == 0  # handed on already: the turn ends as it ended
+    assert [r async for r in stream] == []
+
+
+async def _until_finish(stream):
+    async for r in stream:
+        yield r
+        if r.chunk.finish_reason:
+            return
 
 
 async def test_pd_turn_prefills_on_one_actor_and_decodes_on_another(env):
