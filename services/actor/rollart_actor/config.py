@@ -134,6 +134,9 @@ class ActorConfig(WeightPlaneConfig):
     # Job ledger address: register there and send ActorHeartbeat (weight state, tokens/s). None: no ledger.
     ledger: str | None = None
     ledger_heartbeat_seconds: float = Field(2.0, gt=0)
+    # An attached job (AttachJob) whose ledger has not answered for this long is detached: its run was killed
+    # without a DetachJob, and its adapters would hold an engine slot for good.
+    attached_job_orphan_seconds: float = Field(120.0, gt=0)
 
     # ---- weights ----
     # job_id, job_key (WeightPlaneConfig): the job whose deltas this actor accepts, and its segment key.

@@ -10,7 +10,9 @@ The base model is loaded once. Each attached job is a :class:`JobSlot` with what
   reports the job's weights there.
 
 A slot never touches another job's adapters, and its failures (a refused adapter, an unreachable ledger) stay
-its own. Detaching stops its subscriptions and drops its adapters once no request uses them.
+its own. Detaching stops its subscriptions and drops its adapters once no request uses them. A job whose ledger
+has not answered for ``attached_job_orphan_seconds`` is detached by the actor itself (its run was killed before
+it could call DetachJob).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +148,7 @@ class JobSlot:
         self.ledger: LedgerAgent | None = None
         self.draining = False
         self._tasks: set[asyncio.Task] = set()
+        self._orphaned: asyncio.Future | None = None
 
     @classmethod
     async def create(cls, actor: Any, spec: JobSpec, base: Any) -> JobSlot:
@@ -181,6 +185,7 @@ class JobSlot:
                 heartbeat_seconds=actor.cfg.ledger_heartbeat_seconds,
             )
             self.ledger.start()
+            self._spawn(self._watch_ledger(actor.cfg.attached_job_orphan_seconds))
 
     async def stop(self) -> None:
         for t in list(self._tasks):
@@ -191,6 +196,15 @@ class JobSlot:
         if self.ledger is not None:
             await self.ledger.stop("detached")
         await self.actor.engine.adapters.drop_job(self.spec.job_id)
+
+    async def _watch_ledger(self, orphan_after: float) -> None:
+        """Detach the job once its ledger has not answered for ``orphan_after`` seconds (its run is gone)."""
+        assert self.ledger is not None
+        while time.monotonic() - self.ledger.answered_at <= orphan_after:
+            await asyncio.sleep(min(orphan_after / 4, 5.0))
+        log.warning("job %s: its ledger has not answered for %.0fs; detaching it", self.spec.job_id, orphan_after)
+        # Not one of this slot's tasks: stop() cancels those, and this detach is what calls stop().
+        self._orphaned = asyncio.ensure_future(detach(self.actor, actor_pb2.DetachJobRequest(job_id=self.spec.job_id)))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

@@ -100,6 +100,7 @@ class LedgerAgent:
         self._registered_event = asyncio.Event()
         self._heartbeat_tokens = 0
         self._heartbeat_at = time.monotonic()
+        self.answered_at = time.monotonic()  # the ledger's last answer (from start: never answered yet)
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -131,6 +132,7 @@ class LedgerAgent:
         """RegisterActor; returns the heartbeat interval to use."""
         resp = await self._stub.RegisterActor(ledger_pb2.RegisterActorRequest(actor=self.actor.ledger_actor()))
         self.registered = True
+        self.answered_at = time.monotonic()
         self._registered_event.set()
         interval = resp.heartbeat_interval.ToNanoseconds() / 1e9
         log.info(
@@ -153,6 +155,7 @@ class LedgerAgent:
             )
         )
         self.heartbeats += 1
+        self.answered_at = time.monotonic()
         self._heartbeat_tokens, self._heartbeat_at = rep.generated_tokens, now
 
     async def _heartbeat_loop(self) -> None:

@@ -79,3 +79,37 @@ def test_job_engine_reads_and_moves_its_own_jobs_version_only() -> None:
     eng.update_weights = update_weights  # type: ignore[method-assign]
     asyncio.run(je.update_weights("/f", 6))
     assert calls == [("/f", 6, "job-b")]
+
+
+async def test_a_job_whose_ledger_stopped_answering_is_detached_and_one_that_answers_is_not() -> None:
+    import time
+    from types import SimpleNamespace
+
+    from rollart_actor.job_slots import JobSlot
+
+    stopped: list[str] = []
+
+    def slot(job_id: str, answered_ago: float) -> JobSlot:
+        s = JobSlot.__new__(JobSlot)  # the watchdog only: no engine, no subscriptions
+        s.spec = JobSpec.from_request(req(job_id=job_id), LORA_TARGETS)
+        s.ledger = SimpleNamespace(answered_at=time.monotonic() - answered_ago)  # type: ignore[assignment]
+        s._tasks, s._orphaned, s.actor = set(), None, actor
+
+        async def stop() -> None:
+            stopped.append(job_id)
+
+        s.stop = stop  # type: ignore[method-assign]
+        return s
+
+    actor = SimpleNamespace(cfg=SimpleNamespace(job_id="own"), jobs={})
+    dead, alive = slot("job-dead", 5.0), slot("job-alive", 0.0)
+    actor.jobs.update({"job-dead": dead, "job-alive": alive})
+    watchers = [asyncio.ensure_future(s._watch_ledger(1.0)) for s in (dead, alive)]
+    await asyncio.wait_for(watchers[0], 2)
+    await asyncio.wait_for(dead._orphaned, 2)  # type: ignore[arg-type]
+    assert stopped == ["job-dead"] and list(actor.jobs) == ["job-alive"]
+    for _ in range(4):  # the live one keeps answering: never detached
+        alive.ledger.answered_at = time.monotonic()  # type: ignore[union-attr]
+        await asyncio.sleep(0.3)
+    assert not watchers[1].done() and stopped == ["job-dead"]
+    watchers[1].cancel()
