@@ -41,14 +41,14 @@ def job_file(tmp: Path, *, job: dict | None = None, run: dict | None = None, **t
     return path
 
 
-def start(cfg: Path, out: Path) -> subprocess.Popen:
+def start(cfg: Path, out: Path, *extra: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLART_")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / "run.log", "wb")  # noqa: SIM115 - handed to the child
     try:
         return subprocess.Popen(
-            [str(BIN / "rollart"), "run", str(cfg), "--out", str(out)],
+            [str(BIN / "rollart"), "run", str(cfg), "--out", str(out), *extra],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

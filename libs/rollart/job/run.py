@@ -44,6 +44,7 @@ from . import task_checks
 from .evaluation import RunValidation
 from .final_state import final_state
 from .fleet import JOB_SERVICES, Fleet
+from .joined import JoinedJobs
 from .loops import LoopKeeper
 from .metrics import read_records, task_rewards, time_to_score
 from .plots import plot_rewards
@@ -120,6 +121,8 @@ class RunOptions:
     regions: Regions | None = None
     # --fleet RUN_DIR: a LoRA job on the actors and LLMProxy of that running cluster (fleet.py).
     fleet: Path | None = None
+    # --join JOB.yaml (repeatable): LoRA jobs on this run's fleet, each as `rollart run JOB --fleet OUT` (joined.py).
+    join: list[Path] = field(default_factory=list)
 
 
 def _section(data: dict[str, Any], name: str) -> dict[str, Any]:
@@ -165,6 +168,7 @@ class Runner:
                                         say=self.say)
         # TensorBoard / W&B / MLflow, samples, Prometheus targets: the tracking section checked before anything starts.
         self.tracking = RunTracking(data, opts.out_dir, self.spec.job_id, fresh=opts.fresh, say=self.say)
+        self.joined = JoinedJobs(opts.join, opts.out_dir, self.say)
 
     def say(self, text: str) -> None:
         if hasattr(self, "progress"):
@@ -180,6 +184,7 @@ class Runner:
             if not self.spec.HasField("lora"):
                 raise SpecError("--fleet: only LoRA jobs (model.lora) share a fleet's actors")
             self.fleet = Fleet(self.opts.fleet)
+        self.joined.check(self.spec.job_id, self.spec.HasField("lora"), self.opts.fleet is not None)
         self.instance_pools = actor_instance_pools(_section(self.data, "cluster"), self.opts)
         if self.tasks:  # before anything is built or started
             check_affinity_pools(self.tasks, {pool for pool, _ in self.instance_pools.values()})
@@ -511,10 +516,12 @@ class Runner:
         def interrupt(reason: str) -> None:
             self.stop_reason = self.stop_reason or reason
             stop.set()
+            self.joined.interrupt()
 
         for sig, why in ((signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated")):
             loop.add_signal_handler(sig, interrupt, why)
         await self.start()
+        self.joined.start()
         self.validation.start(self.state_dir, self.token)
         watch = asyncio.ensure_future(self.watch(stop))
         sup = asyncio.ensure_future(self.supervise(stop))
@@ -536,6 +543,12 @@ class Runner:
         if hasattr(self, "progress"):
             self.progress.close()
         await self.stop_job()
+        if self.stop_reason:  # interrupted or timed out: the joined jobs stop too
+            self.joined.interrupt()
+            stop.set()
+        else:
+            stop.clear()  # a Ctrl-C from here on stops the joined jobs (the handler sets it again)
+        await self.joined.wait(stop)  # the fleet stays up until they end
         return 0
 
     # -- the end ---------------------------------------------------------------------------------------
@@ -594,6 +607,8 @@ class Runner:
             "process_groups": self._process_groups(),
             # cluster.regions: bytes through each link direction and forwarder (None without regions).
             "links": link_counters(self.state_dir),
+            # --join: each joined job's file, output folder and exit code.
+            "joined": self.joined.summary(),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         print(
@@ -607,6 +622,9 @@ class Runner:
         if self.stop_reason in STOP_CODES:  # Ctrl-C / SIGTERM: the shell's convention (128 + signal)
             return STOP_CODES[self.stop_reason]
         if state != "COMPLETED":  # failed, or stopped by run.timeout before its last step
+            return 1
+        if self.joined.failed():
+            print(f"joined job(s) failed: {', '.join(j.name for j in self.joined.failed())}", file=self.log)
             return 1
         if self.opts.min_improvement and not ratio >= self.opts.min_improvement:
             print(f"the reward did not improve {self.opts.min_improvement}x", file=self.log)
@@ -695,10 +713,12 @@ def run(opts: RunOptions, log: TextIO = sys.stderr) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # --actors N is cluster.actors: N (before, a job file's cluster.actors silently won over the flag).
+    overrides = list(args.set or []) + ([f"cluster.actors={args.actors}"] if args.actors else [])
     data_out = args.out
     if data_out is None:
         try:
-            data = apply_overrides(load_job_file(args.job_file), args.set or [])
+            data = apply_overrides(load_job_file(args.job_file), overrides)
         except SpecError as exc:
             print(f"rollart run: {exc}", file=sys.stderr)
             return 2
@@ -711,11 +731,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         fresh=not args.resume,
         min_improvement=args.min_improvement or 0.0,
         quiet=args.quiet,
-        overrides=list(args.set or []),
+        overrides=overrides,
         fleet=Path(args.fleet) if args.fleet else None,
+        join=[Path(f) for f in args.join or []],
     )
-    if args.actors:
-        opts.actors = args.actors
     try:
         return run(opts)
     except SpecError as exc:
@@ -728,13 +747,16 @@ def add_subparsers(sub: Any) -> None:
     p.add_argument("job_file", help="job file, e.g. examples/frozenlake.yaml")
     p.add_argument("--out", type=Path, help="output folder (default: run.out_dir, else runs/<file name>)")
     p.add_argument("--timeout", type=float, help="stop after this many seconds (default: run.timeout)")
-    p.add_argument("--actors", type=int, help="actors to start (default: cluster.actors, else 2)")
+    p.add_argument("--actors", type=int, help="actors to start: cluster.actors (default: the file's, else 2)")
     p.add_argument("--resume", action="store_true", help="keep the previous run's cluster state and continue")
     p.add_argument(
         "--min-improvement", type=float, help="exit 1 unless reward(last 10 steps) >= this x reward(first 10)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--fleet", help="a LoRA job on the actors of the cluster running in this run folder (docs/lora.md)")
+    p.add_argument(
+        "--join", action="append", metavar="JOB_FILE", help="also run this LoRA job on this run's actors (repeatable)"
+    )
     p.add_argument(
         "--set",
         action="append",

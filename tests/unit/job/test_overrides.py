@@ -145,3 +145,25 @@ def test_rollart_run_refuses_a_bad_task_override_with_one_line(capsys) -> None:
     assert cmd_run(args) == 2
     err = capsys.readouterr().err
     assert err == "rollart run: --set tasks.math.share: no task named 'math' (tasks: frozenlake, arith)\n"
+
+
+def test_the_actors_flag_wins_over_the_job_files_cluster_actors(monkeypatch, capsys) -> None:
+    import argparse
+
+    import rollart.job.run as run_module
+
+    seen: list[int] = []
+
+    class Stop:
+        def __init__(self, opts, data, log) -> None:
+            seen.append(opts.actors)
+            raise SpecError("stopped before anything starts")
+
+    monkeypatch.setattr(run_module, "Runner", Stop)
+    parser = argparse.ArgumentParser()
+    add_subparsers(parser.add_subparsers())
+    assert load_job_file(EXAMPLE)["cluster"]["actors"] == 2
+    for argv, actors in ((["--actors", "1"], 1), ([], 2), (["--set", "cluster.actors=3"], 3)):
+        assert cmd_run(parser.parse_args(["run", str(EXAMPLE), *argv])) == 2
+        assert seen[-1] == actors, argv
+    assert "stopped before anything starts" in capsys.readouterr().err
