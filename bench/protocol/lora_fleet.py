@@ -1,17 +1,20 @@
-"""Two LoRA jobs on one fleet (issue 29): each job alone on one actor, then both sharing two actors.
+"""Two LoRA jobs on one fleet (issue 29): each job alone on one actor, then both sharing the actors.
 
     python -m bench lora-fleet --json bench/results/lora-fleet.json
 
 Rows (``config``): ``solo-a`` (examples/frozenlake-lora.yaml, one actor), ``solo-b`` (examples/two-jobs-lora.yaml,
 one actor), then ``shared-a`` and ``shared-b``: job A runs on two actors, job B joins it with ``rollart run
---fleet`` (its adapter attached to both actors, its turns routed by job), for ``--steps`` steps each. Each row:
+--fleet`` (its adapter attached to both actors, its turns routed by job), for ``--steps`` steps each; ``shared1-a``
+and ``shared1-b`` are the same on one actor (the hardware of a solo row: on a machine whose actors share its cores,
+a second actor is no second engine's worth of compute). Each row: ``actors`` (as started: the run's summary),
 ``samples_per_second`` (the job's trained samples over its steps' time, steps 3..N, median step), ``step_seconds``,
 ``reward_first``/``reward_last`` (means of the first and last third of the steps); shared rows add ``shared_ratio``
-= their samples/s over the same job's solo row (target: at least 0.8) and ``overlap_steps`` (the job's steps that
-ran while the other job was stepping too; only those count in a shared row's figures).
+= their samples/s over the same job's solo row (target: at least 0.8 with two actors) and ``overlap_steps`` (the
+job's steps that ran while the other job was stepping too; only those count in a shared row's figures).
 
-Every process of a row shares this machine's cores: on 2 cores the shared rows run two trainers, two envmanagers and
-two relays beside the actors, against one of each in a solo row. Runs go through ``rollart run`` (real services).
+Every process of a row shares this machine's cores: the shared rows run two trainers, two envmanagers and two
+relays beside the actors, against one of each in a solo row. Runs go through ``rollart run`` (real services); the
+base model is built once (``--out``/model) for every row.
 """
 
 from __future__ import annotations
@@ -64,8 +67,19 @@ def overlapping(mine: list[dict[str, Any]], other: list[dict[str, Any]]) -> list
 
 
 def run_job(job: Path, out: Path, steps: int, extra: list[str], log: Path) -> subprocess.Popen:
-    argv = [*RUN, str(job), "--out", str(out), "--quiet", "--set", f"job.max_steps={steps}", *extra]
+    model = out.parent / "model"  # one build (cached by recipe) for every row
+    argv = [*RUN, str(job), "--out", str(out), "--quiet", "--set", f"job.max_steps={steps}", "--set",
+            f"model.dir={model}", *extra]  # fmt: skip
     return subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def actors_started(out: Path) -> int | None:
+    """The actors the run really started (its summary's process groups), not the ones asked for."""
+    path = out / "summary.json"
+    if not path.is_file():
+        return None
+    groups = json.loads(path.read_text()).get("process_groups") or {}
+    return sum(1 for name in groups if name == "actor" or name.startswith("actor-"))
 
 
 def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float) -> None:
@@ -78,11 +92,36 @@ def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float) 
         time.sleep(1.0)
 
 
+def shared_rows(root: Path, config: str, actors: int, steps: int) -> list[dict[str, Any]]:
+    """Job A owns ``actors`` actors for longer than B needs (B's steps all run beside A's); B joins with --fleet."""
+    out_a, out_b = root / f"{config}-a", root / f"{config}-b"
+    fleet = run_job(JOB_A, out_a, steps * 3, ["--actors", str(actors)], root / f"{config}-a.log")
+    try:
+        wait_for_step(out_a, 1, fleet, 900.0)
+        t0 = time.time()
+        code_b = run_job(JOB_B, out_b, steps, ["--fleet", str(out_a)], root / f"{config}-b.log").wait()
+        wall_b = time.time() - t0
+    finally:
+        fleet.send_signal(2)  # SIGINT: A stops cleanly (its figures are those of the steps beside B)
+        code_a = fleet.wait(timeout=300)
+    ra, rb = steps_of(out_a), steps_of(out_b)
+    rows = []
+    for job, mine, other, code in (("a", ra, rb, code_a), ("b", rb, ra, code_b)):
+        beside = overlapping(mine, other)
+        row = {"config": f"{config}-{job}", "actors": actors_started(out_a), "exit": code,
+               "overlap_steps": len(beside), **figures(beside)}  # fmt: skip
+        if job == "b":
+            row["wall_seconds"] = wall_b
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench lora-fleet", description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=12, help="steps of each job in each row")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "lora-fleet")
-    ap.add_argument("--configs", default="solo,shared", help="solo, shared or both")
+    ap.add_argument("--configs", default="solo,shared,shared1", help="any of solo, shared (2 actors), shared1")
     ap.add_argument("--json", type=Path, help="write the rows (one object each) to this file")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -93,35 +132,16 @@ def main(argv: list[str] | None = None) -> int:
             out = a.out / name
             t0 = time.time()
             code = run_job(job, out, a.steps, ["--actors", "1"], a.out / f"{name}.log").wait()
-            rows.append({"config": name, "actors": 1, "exit": code, "wall_seconds": time.time() - t0,
+            rows.append({"config": name, "actors": actors_started(out), "exit": code, "wall_seconds": time.time() - t0,
                          **figures(steps_of(out))})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
-    if "shared" in configs:
-        # A owns the fleet for longer than B needs: B's steps all run beside A's.
-        fleet = run_job(JOB_A, a.out / "shared-a", a.steps * 3, ["--actors", "2"], a.out / "shared-a.log")
-        try:
-            wait_for_step(a.out / "shared-a", 1, fleet, 900.0)
-            t0 = time.time()
-            b = run_job(
-                JOB_B, a.out / "shared-b", a.steps, ["--fleet", str(a.out / "shared-a")], a.out / "shared-b.log"
-            )
-            code_b = b.wait()
-            wall_b = time.time() - t0
-        finally:
-            fleet.send_signal(2)  # SIGINT: A stops cleanly (its figures are those of the steps beside B)
-            code_a = fleet.wait(timeout=300)
-        ra, rb = steps_of(a.out / "shared-a"), steps_of(a.out / "shared-b")
-        for name, mine, other, code, actors in (("shared-a", ra, rb, code_a, 2), ("shared-b", rb, ra, code_b, 2)):
-            beside = overlapping(mine, other)
-            row = {"config": name, "actors": actors, "exit": code, "overlap_steps": len(beside), **figures(beside)}
-            if name == "shared-b":
-                row["wall_seconds"] = wall_b
-            rows.append(row)
-            print(json.dumps(rows[-1]), flush=True)
+    for config, n in (("shared", 2), ("shared1", 1)):
+        if config in configs:
+            rows += shared_rows(a.out, config, n, a.steps)
     solo = {r["config"].removeprefix("solo-"): r for r in rows if r["config"].startswith("solo-")}
     for r in rows:
-        job = r["config"].removeprefix("shared-")
-        if r["config"].startswith("shared-") and job in solo and solo[job].get("samples_per_second"):
+        job = r["config"].rsplit("-", 1)[-1]
+        if r["config"].startswith("shared") and job in solo and solo[job].get("samples_per_second"):
             mine = r.get("samples_per_second")
             r["shared_ratio"] = mine / solo[job]["samples_per_second"] if mine else None
     cols = ["config", "actors", "steps", "samples_per_second", "step_seconds", "reward_first", "reward_last",

@@ -26,3 +26,14 @@ def test_overlap_keeps_my_steps_inside_the_other_jobs_run() -> None:
     other.append(rec(3, 20, 40))
     assert [r["step"] for r in overlapping(mine, other)] == [3, 4]
     assert overlapping(mine, []) == []
+
+
+def test_a_row_counts_the_actors_the_run_started_not_the_ones_asked_for(tmp_path) -> None:
+    import json
+
+    from bench.protocol.lora_fleet import actors_started
+
+    assert actors_started(tmp_path) is None  # no summary: the run did not end
+    groups = {"actor": 1, "actor-2": 2, "llmproxy": 3, "redis": 4, "trainer": 5}
+    (tmp_path / "summary.json").write_text(json.dumps({"process_groups": groups}))
+    assert actors_started(tmp_path) == 2
