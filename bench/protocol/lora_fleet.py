@@ -13,8 +13,10 @@ a second actor is no second engine's worth of compute). Each row: ``actors`` (as
 job's steps that ran while the other job was stepping too; only those count in a shared row's figures).
 
 Every process of a row shares this machine's cores: the shared rows run two trainers, two envmanagers and two
-relays beside the actors, against one of each in a solo row. Runs go through ``rollart run`` (real services); the
-base model is built once (``--out``/model) for every row.
+relays beside the actors, against one of each in a solo row. ``--pin`` gives actor i core i alone (taskset, the
+pools' ``cpus``; every other process floats): two actors then have a core each, as actors on their own hardware
+would, instead of two engines contending for both cores. Runs go through ``rollart run`` (real services); the base
+model is built once (``--out``/model) for every row.
 """
 
 from __future__ import annotations
@@ -92,10 +94,17 @@ def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float) 
         time.sleep(1.0)
 
 
-def shared_rows(root: Path, config: str, actors: int, steps: int) -> list[dict[str, Any]]:
+def actors_args(n: int, pin: bool) -> list[str]:
+    if not pin:
+        return ["--actors", str(n)]
+    cores = ", ".join(f'"{i}"' for i in range(n))
+    return ["--set", f"cluster.actors=[{{count: {n}, cpus: [{cores}]}}]"]
+
+
+def shared_rows(root: Path, config: str, actors: int, steps: int, pin: bool) -> list[dict[str, Any]]:
     """Job A owns ``actors`` actors for longer than B needs (B's steps all run beside A's); B joins with --fleet."""
     out_a, out_b = root / f"{config}-a", root / f"{config}-b"
-    fleet = run_job(JOB_A, out_a, steps * 3, ["--actors", str(actors)], root / f"{config}-a.log")
+    fleet = run_job(JOB_A, out_a, steps * 3, actors_args(actors, pin), root / f"{config}-a.log")
     try:
         wait_for_step(out_a, 1, fleet, 900.0)
         t0 = time.time()
@@ -108,7 +117,7 @@ def shared_rows(root: Path, config: str, actors: int, steps: int) -> list[dict[s
     rows = []
     for job, mine, other, code in (("a", ra, rb, code_a), ("b", rb, ra, code_b)):
         beside = overlapping(mine, other)
-        row = {"config": f"{config}-{job}", "actors": actors_started(out_a), "exit": code,
+        row = {"config": f"{config}-{job}", "actors": actors_started(out_a), "pinned": pin, "exit": code,
                "overlap_steps": len(beside), **figures(beside)}  # fmt: skip
         if job == "b":
             row["wall_seconds"] = wall_b
@@ -123,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "lora-fleet")
     ap.add_argument("--configs", default="solo,shared,shared1", help="any of solo, shared (2 actors), shared1")
     ap.add_argument("--json", type=Path, help="write the rows (one object each) to this file")
+    ap.add_argument("--pin", action="store_true", help="actor i on core i alone (taskset)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -131,13 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         for name, job in (("solo-a", JOB_A), ("solo-b", JOB_B)):
             out = a.out / name
             t0 = time.time()
-            code = run_job(job, out, a.steps, ["--actors", "1"], a.out / f"{name}.log").wait()
-            rows.append({"config": name, "actors": actors_started(out), "exit": code, "wall_seconds": time.time() - t0,
+            code = run_job(job, out, a.steps, actors_args(1, a.pin), a.out / f"{name}.log").wait()
+            rows.append({"config": name, "actors": actors_started(out), "pinned": a.pin, "exit": code,
+                         "wall_seconds": time.time() - t0,
                          **figures(steps_of(out))})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
     for config, n in (("shared", 2), ("shared1", 1)):
         if config in configs:
-            rows += shared_rows(a.out, config, n, a.steps)
+            rows += shared_rows(a.out, config, n, a.steps, a.pin)
     solo = {r["config"].removeprefix("solo-"): r for r in rows if r["config"].startswith("solo-")}
     for r in rows:
         job = r["config"].rsplit("-", 1)[-1]

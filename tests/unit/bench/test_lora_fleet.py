@@ -37,3 +37,10 @@ def test_a_row_counts_the_actors_the_run_started_not_the_ones_asked_for(tmp_path
     groups = {"actor": 1, "actor-2": 2, "llmproxy": 3, "redis": 4, "trainer": 5}
     (tmp_path / "summary.json").write_text(json.dumps({"process_groups": groups}))
     assert actors_started(tmp_path) == 2
+
+
+def test_pinned_actors_get_a_core_each_through_the_pools_cpus() -> None:
+    from bench.protocol.lora_fleet import actors_args
+
+    assert actors_args(2, pin=False) == ["--actors", "2"]
+    assert actors_args(2, pin=True) == ["--set", 'cluster.actors=[{count: 2, cpus: ["0", "1"]}]']
