@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -69,6 +70,7 @@ def overlapping(mine: list[dict[str, Any]], other: list[dict[str, Any]]) -> list
 
 
 def run_job(job: Path, out: Path, steps: int, extra: list[str], log: Path) -> subprocess.Popen:
+    shutil.rmtree(out, ignore_errors=True)  # an earlier run's metrics would look like this one's first step
     model = out.parent / "model"  # one build (cached by recipe) for every row
     argv = [*RUN, str(job), "--out", str(out), "--quiet", "--set", f"job.max_steps={steps}", "--set",
             f"model.dir={model}", *extra]  # fmt: skip
