@@ -101,6 +101,8 @@ SOURCES: dict[str, Source] = {
     "lora-frozenlake-example-lr5e-3-metrics.jsonl": Source(
         "rollart run examples/frozenlake-lora.yaml --set job.grpo.learning_rate=5.0e-3", "567cda4", "2026-12-06", X2,
         "0.3-7.8", "lora.md"),
+    "lora-fleet-pinned.json": Source(
+        "python -m bench lora-fleet --pin --json PATH", "03421d2", "2026-12-06", X2, "1.4-4.2", "lora.md"),
     "lora-frozenlake-tiny-qwen06b4l.json": Source(
         "python -m bench lora --steps 3 --updates 4 --json PATH", "b87acae", "2026-12-02", X2, "1.47 at start", "lora.md"),
     "codec-v3-synthetic-92mib-grpo-pair-343mb.json": Source(
@@ -164,6 +166,8 @@ SOURCES: dict[str, Source] = {
 ROWS: list[Row] = [
     # weights: the delta codec, format 3 (the default; synthetic Qwen3-shaped 92 MiB bf16 model; a real GRPO pair of 343 MB)
     Row("weights", "LoRA example (30 steps, r 8, lr 5e-3): reward, last 10 steps / first 10", ">= 2x", "lora-frozenlake-example-lr5e-3-metrics.jsonl", "[-10:].reward_mean.mean()", "{:.2f}x", "[:10].reward_mean.mean()"),
+    Row("weights", "LoRA fleet: job A's samples/s beside job B on two actors (a core each) / A alone on one", ">= 0.8x", "lora-fleet-pinned.json", "[config=shared-a].shared_ratio", "{:.2f}x"),
+    Row("weights", "LoRA fleet: job B's samples/s beside job A on two actors (a core each) / B alone on one", ">= 0.8x", "lora-fleet-pinned.json", "[config=shared-b].shared_ratio", "{:.2f}x"),
     Row("weights", "LoRA: adapter delta bytes / full-weight delta bytes per version, Qwen3-0.6B shapes (4 layers, r 8, lr 5e-4)", "<= 0.05x", "lora-frozenlake-tiny-qwen06b4l.json", "[shape=qwen3-0.6b-4l].bytes_ratio", "{:.3f}x"),
     Row("weights", "LoRA: adapter delta bytes / full-weight delta bytes, tiny model (3.7M params, r 8)", "<= 0.05x", "lora-frozenlake-tiny-qwen06b4l.json", "[shape=tiny].bytes_ratio", "{:.3f}x"),
     Row("weights", "LoRA: actor pause to switch adapter versions / full-weight update, tiny model", "<= 0.20x", "lora-frozenlake-tiny-qwen06b4l.json", "[config=pause-tiny-r8-8streams].pause_ratio", "{:.3f}x"),

@@ -23,7 +23,7 @@ from typing import Any
 
 from .spec import SpecError, load_job_file
 
-# How long a joined job has to stop after SIGINT before it is killed (its teardown takes seconds).
+# How long a joined job has to stop after SIGTERM before it is killed (its teardown takes seconds).
 STOP_GRACE_SECONDS = 120.0
 
 
@@ -91,9 +91,11 @@ class JoinedJobs:
         self._write()
 
     def interrupt(self) -> None:
+        # SIGTERM, not SIGINT: `rollart run` stops on SIGTERM from its first line, while a SIGINT that its parent's
+        # shell ignored (a background job) stays ignored until the job's event loop takes it over.
         for j in self.jobs:
             if j.proc is not None and j.proc.poll() is None:
-                j.proc.send_signal(signal.SIGINT)
+                j.proc.send_signal(signal.SIGTERM)
 
     async def wait(self, stop: asyncio.Event) -> None:
         """Until every joined job has ended; ``stop`` set meanwhile interrupts them (killed after the grace)."""

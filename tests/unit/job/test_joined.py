@@ -88,7 +88,7 @@ async def test_a_stop_interrupts_the_joined_jobs(tmp_path: Path) -> None:
     assert not waiting.done()
     stop.set()  # Ctrl-C, SIGTERM or the owner's timeout
     await asyncio.wait_for(waiting, 10)
-    assert j.jobs[0].exit == -signal.SIGINT and j.failed() == j.jobs
+    assert j.jobs[0].exit == -signal.SIGTERM and j.failed() == j.jobs
 
 
 def test_a_joined_job_reports_its_file_folder_pid_and_exit(tmp_path: Path) -> None:
