@@ -16,7 +16,9 @@ Every process of a row shares this machine's cores: the shared rows run two trai
 relays beside the actors, against one of each in a solo row. ``--pin`` gives actor i core i alone (taskset, the
 pools' ``cpus``; every other process floats): two actors then have a core each, as actors on their own hardware
 would, instead of two engines contending for both cores. Runs go through ``rollart run`` (real services); the base
-model is built once (``--out``/model) for every row.
+model is built once (``--out``/model) for every row. ``--shares 3:1 --slots 8`` sets the LLMProxy's job shares (A's
+weight, then B's) and fleet turn slots in the shared rows; each shared row has ``fleet_fraction``, its job's share
+of the two jobs' samples/s.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 RUN = [str(Path(sys.executable).parent / "rollart"), "run"]  # the venv's entry point
 JOB_A, JOB_B = ROOT / "examples" / "frozenlake-lora.yaml", ROOT / "examples" / "two-jobs-lora.yaml"
+JOB_B_ID = "frozenlake-lora-b"  # two-jobs-lora.yaml's job.job_id
 
 
 def steps_of(out: Path) -> list[dict[str, Any]]:
@@ -103,10 +106,19 @@ def actors_args(n: int, pin: bool) -> list[str]:
     return ["--set", f"cluster.actors=[{{count: {n}, cpus: [{cores}]}}]"]
 
 
-def shared_rows(root: Path, config: str, actors: int, steps: int, pin: bool) -> list[dict[str, Any]]:
+def shares_args(shares: str, slots: int) -> list[str]:
+    """The LLMProxy's shares for the fleet's owner (A, the turns naming no job) and job B."""
+    if not shares:
+        return []
+    a, b = (float(w) for w in shares.split(":"))
+    weights = json.dumps({"": a, JOB_B_ID: b})
+    return ["--set", f"cluster.env.llmproxy={{ROLLART_FLEET_TURN_SLOTS: '{slots}', ROLLART_JOB_SHARES: '{weights}'}}"]
+
+
+def shared_rows(root: Path, config: str, actors: int, steps: int, pin: bool, shares: list[str]) -> list[dict[str, Any]]:
     """Job A owns ``actors`` actors for longer than B needs (B's steps all run beside A's); B joins with --fleet."""
     out_a, out_b = root / f"{config}-a", root / f"{config}-b"
-    fleet = run_job(JOB_A, out_a, steps * 3, actors_args(actors, pin), root / f"{config}-a.log")
+    fleet = run_job(JOB_A, out_a, steps * 3, actors_args(actors, pin) + shares, root / f"{config}-a.log")
     try:
         wait_for_step(out_a, 1, fleet, 900.0)
         t0 = time.time()
@@ -124,6 +136,9 @@ def shared_rows(root: Path, config: str, actors: int, steps: int, pin: bool) -> 
         if job == "b":
             row["wall_seconds"] = wall_b
         rows.append(row)
+    total = sum(r.get("samples_per_second") or 0.0 for r in rows)
+    for row in rows:
+        row["fleet_fraction"] = (row.get("samples_per_second") or 0.0) / total if total else None
         print(json.dumps(row), flush=True)
     return rows
 
@@ -135,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", default="solo,shared,shared1", help="any of solo, shared (2 actors), shared1")
     ap.add_argument("--json", type=Path, help="write the rows (one object each) to this file")
     ap.add_argument("--pin", action="store_true", help="actor i on core i alone (taskset)")
+    ap.add_argument("--shares", default="", help="A:B job weights in the LLMProxy (with --slots), e.g. 3:1")
+    ap.add_argument("--slots", type=int, default=8, help="the LLMProxy's fleet_turn_slots with --shares")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -150,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rows[-1]), flush=True)
     for config, n in (("shared", 2), ("shared1", 1)):
         if config in configs:
-            rows += shared_rows(a.out, config, n, a.steps, a.pin)
+            rows += shared_rows(a.out, config, n, a.steps, a.pin, shares_args(a.shares, a.slots))
     solo = {r["config"].removeprefix("solo-"): r for r in rows if r["config"].startswith("solo-")}
     for r in rows:
         job = r["config"].rsplit("-", 1)[-1]

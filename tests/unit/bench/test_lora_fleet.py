@@ -44,3 +44,15 @@ def test_pinned_actors_get_a_core_each_through_the_pools_cpus() -> None:
 
     assert actors_args(2, pin=False) == ["--actors", "2"]
     assert actors_args(2, pin=True) == ["--set", 'cluster.actors=[{count: 2, cpus: ["0", "1"]}]']
+
+
+def test_shares_set_the_proxys_slots_and_weights_for_the_owner_and_job_b() -> None:
+    import json
+
+    from bench.protocol.lora_fleet import JOB_A, JOB_B_ID, shares_args
+    from rollart.job.spec import apply_overrides, load_job_file
+
+    assert shares_args("", 8) == []
+    data = apply_overrides(load_job_file(JOB_A), shares_args("3:1", 8)[1:])
+    env = data["cluster"]["env"]["llmproxy"]
+    assert env["ROLLART_FLEET_TURN_SLOTS"] == "8" and json.loads(env["ROLLART_JOB_SHARES"]) == {"": 3.0, JOB_B_ID: 1.0}
