@@ -331,9 +331,11 @@ class Proxy(ActorTable):
             metrics.ADMISSION_WAIT.observe(waited)
         if self.shares.on:
             try:
-                waited += await self.shares.acquire(req.job_id, deadline, turn.abort_future)
+                shared = await self.shares.acquire(req.job_id, deadline, turn.abort_future)
             except ShareTimeout as exc:
                 raise TurnError(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from None
+            metrics.SHARE_WAIT.labels(req.job_id).observe(shared)
+            waited += shared
         return waited
 
     async def _run_turn(

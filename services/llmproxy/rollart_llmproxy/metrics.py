@@ -22,6 +22,12 @@ ADMISSION_WAIT = Histogram(
     "Time a turn waited for admission",
     buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
+SHARE_WAIT = Histogram(
+    "rollart_llmproxy_share_wait_seconds",
+    "Time a turn waited for its job's share of a full fleet (job_shares; job \"\" is the fleet owner's turns)",
+    ["job"],
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
 TTFT = Histogram(
     "rollart_llmproxy_time_to_first_token_seconds",
     "From the proxy receiving a turn to its first token",

@@ -512,3 +512,23 @@ async def test_a_bad_job_id_is_refused_naming_the_field(env):
     out, err = await run(p, turn("t", job_id="no spaces allowed"))
     assert err is not None and err.code == grpc.StatusCode.INVALID_ARGUMENT
     assert ("rollart-field", "job_id") in list(err.trailing)
+
+
+async def test_a_full_fleet_holds_a_job_at_its_share_and_the_wait_is_measured(env):
+    from prometheus_client import REGISTRY
+
+    def waits() -> float:
+        return REGISTRY.get_sample_value("rollart_llmproxy_share_wait_seconds_count", {"job": ""}) or 0.0
+
+    p, (a0,) = await env(1, config=cfg(fleet_turn_slots=1), delay=0.01)
+    before = waits()
+    first = asyncio.create_task(run(p, turn("t1", n=20)))
+    while not a0.active:
+        await asyncio.sleep(0.005)
+    second = asyncio.create_task(run(p, turn("t2", n=2)))
+    await asyncio.sleep(0.05)
+    assert not second.done() and not a0.requests[1:]  # the one slot is taken: the owner's turn waits
+    (out1, err1), (out2, err2) = await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert err1 is None and err2 is None and len(tokens(out2)) == 2
+    assert out2[0].route.admission_wait.ToNanoseconds() > 0.05e9  # waited for the first turn to end
+    assert waits() == before + 2
