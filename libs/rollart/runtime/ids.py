@@ -49,6 +49,14 @@ def name_problem(value: str) -> str | None:
     return None
 
 
+def optional_name(field: str, value: str) -> str:
+    """``value`` if it is empty or a name; else ``ValueError`` naming ``field`` (for config validators)."""
+    why = name_problem(value) if value else None
+    if why:
+        raise ValueError(f"{field} {why}")
+    return value
+
+
 def check_id(field: str, value: str, *, required: bool = True, max_chars: int = MAX_ID_CHARS) -> str:
     """``value`` if it is an id; else ``errors.InvalidArgument(field, ...)``. Empty is allowed unless required.
 

@@ -91,10 +91,7 @@ class EnvManagerConfig(ServiceConfig):
     @field_validator("llmproxy_job_id")
     @classmethod
     def _job(cls, value: str) -> str:
-        why = ids.name_problem(value) if value else None
-        if why:
-            raise ValueError(f"llmproxy_job_id {why}")
-        return value
+        return ids.optional_name("llmproxy_job_id", value)
 
     @field_validator("ledger", "llmproxy", "reward")
     @classmethod

@@ -57,3 +57,13 @@ def test_names():
             ids.check_name("pool.name", bad)
         assert info.value.field == "pool.name"
     assert ids.name_problem("ok") is None and ids.id_problem("ok") is None
+
+
+def test_optional_name_allows_empty_and_names_and_refuses_the_rest_naming_the_field() -> None:
+    import pytest
+
+    from rollart.runtime.ids import optional_name
+
+    assert optional_name("job", "") == "" and optional_name("job", "job-b") == "job-b"
+    with pytest.raises(ValueError, match="^llmproxy_job_id must be"):
+        optional_name("llmproxy_job_id", "a b")
