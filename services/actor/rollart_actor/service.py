@@ -38,6 +38,7 @@ from rollart.v1 import resource_manager_pb2 as rm
 from rollart.v1 import resource_manager_pb2_grpc as rm_grpc
 
 from . import job_slots, validators
+from .adapters import AdapterHost, await_first_adapter, load_adapter_host
 from .config import ActorConfig
 from .engine import ABORT, KEEP, WAIT, ActorEngine, EngineError, Track
 from .hardware import detect_hardware
@@ -85,7 +86,6 @@ def _template_kwargs(raw: dict[str, str]) -> dict[str, Any]:
 
 
 def _adapter_host(cfg: ActorConfig) -> HostWeights:
-    from .adapters import load_adapter_host
     from .host_weights import load_weight_files
 
     base, _ = load_weight_files(str(cfg.model))
@@ -168,8 +168,6 @@ class ActorService(actor_pb2_grpc.ActorServicer):
             await asyncio.to_thread(host.write, folder)
             await self.engine.update_weights(str(folder), host.version)
         elif store_uri:
-            from .adapters import AdapterHost, await_first_adapter
-
             assert isinstance(host, AdapterHost)
             self._spawn(await_first_adapter(self.manager, host))
 
